@@ -1,0 +1,1316 @@
+"""AgentCore: the sans-I/O agent loop that wires the four machines (spec §R, §P).
+
+Theory of operation
+-------------------
+Inputs are caller *commands* (``send`` and its presets, ``cancel``,
+``dispose``, ``append``) and *completions* of effects the core requested.
+Outputs are pulled one at a time with `next_output`: durable events (already
+committed to the session log), live notifications, effect requests and
+control notices. A driver pulls an output, delivers it to its observers (who
+may issue commands), and pulls the next; that is how a command takes effect
+exactly at the output its issuer observed (rule P2).
+
+Who sees what:
+
+* **Window** (`machine.machines.window`) decides routing of every send: open
+  means next-step input is staged in the outbox; closed means steering is
+  queued and context is appended at once (R5).
+* **Inbox** (`machine.machines.inbox`) holds queued prompts; the wake and
+  continue-or-idle claim its head (R6, R7, R12.7).
+* **Outbox** (`machine.machines.outbox`) holds staged steering and context;
+  drains take from its front at the drain points (R11).
+* **Lifecycle** (`machine.machines.lifecycle`) is where the loop is; every
+  phase change of the loop fires one of its triggers.
+
+The loop itself is a generator (``_interval``) that yields outputs and waits
+for completions. It advances only when every queued output has been pulled,
+so the state a command sees is exactly the state at the last pulled output.
+Commands never advance the loop: they change routing state synchronously and
+queue their own outputs (rule P3). Completions are buffered and consumed when
+the loop next waits for them (rule P6), so a command fed after a completion
+still acts before the loop resumes, as an event loop would order them.
+
+Cancel clears at once. Observers of ``agent/cancel-requested`` must see their
+own queued or staged work cleared by the same cancel (R16.2), so while that
+notification is the last one pulled, anything a command queues or stages is
+moved into that cancel's pending discard reports, and the command's outputs
+are placed before those reports (rule P7).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeAlias
+
+from machine import events as ev
+from machine.errors import DisposedError, ProtocolError, ValidationError
+from machine.events import Event, LiveEvent
+from machine.io import (
+    FLUSH,
+    MODEL,
+    PROMPT_SUBMIT,
+    REQUEST,
+    REQUEST_ERROR,
+    STEP_HOOK,
+    SYSTEM_PROMPT,
+    TICK,
+    TOOL_EXECUTE,
+    TOOL_FINALIZE,
+    TOOL_PREPARE,
+    TURN_STOPPING,
+    Append,
+    Cancel,
+    Chunk,
+    Control,
+    Dispose,
+    Durable,
+    Effect,
+    End,
+    Input,
+    Live,
+    Output,
+    Raise,
+    Resolve,
+    Send,
+)
+from machine.jsonvalue import Frozen, FrozenDict, FrozenList, JsonLike, canonical_json, freeze
+from machine.log import SessionLog
+from machine.machines import Inbox, Lifecycle, Outbox, Window
+from machine.vocabulary import (
+    DISPOSED_CAUSE,
+    FOLLOWUP,
+    INJECT,
+    STEER,
+    Allow,
+    CancelCause,
+    ErrorInfo,
+    LlmFailure,
+    Message,
+    SendOptions,
+    ToolResult,
+    block_problem,
+    decision_from_json,
+    validate_chunk,
+    validate_user_message,
+)
+
+ToolMode: TypeAlias = Literal["exclusive", "parallel"]
+
+COMPLETED: Final = FrozenDict({"kind": "completed"})
+ABORTED: Final = FrozenDict({"kind": "aborted"})
+DISPOSED: Final = FrozenDict({"kind": "disposed"})
+MAX_TOKENS: Final = FrozenDict({"kind": "max-tokens"})
+RETRY_TRIGGER: Final = FrozenDict({"kind": "retry"})
+APPEND: Final = "append"
+
+ABD_ERROR: Final = FrozenDict({"name": "AbortError", "code": "ABORTED_BEFORE_DISPATCH"})
+ABD_TEXT: Final = "Error: tool call aborted before dispatch"
+ABORTED_ERROR: Final = FrozenDict({"name": "AbortError", "code": "ABORTED"})
+ABORTED_TEXT: Final = "Error: tool call aborted"
+DEFAULT_ABORT_FAILURE: Final = LlmFailure("model request aborted", "ABORTED")
+
+
+@dataclass(frozen=True, slots=True)
+class CoreConfig:
+    """Static configuration of one core (rule P11).
+
+    ``request_options`` seeds this instance's first request (R9.6).
+    ``tool_modes`` classifies each tool by name (unknown names are exclusive).
+    ``session_start`` is reported by ``agent/session-start`` at publication.
+    """
+
+    request_options: Mapping[str, JsonLike] = field(default_factory=dict)
+    tool_modes: Mapping[str, ToolMode] = field(default_factory=dict)
+    max_parallel_tool_calls: int = 10
+    session_start: Literal["startup", "resume"] = "startup"
+    publish: bool = True
+
+    def __post_init__(self) -> None:
+        options = freeze(self.request_options, "config.request_options")
+        if not isinstance(options, FrozenDict):
+            raise ValidationError("config.request_options", "must be a mapping")
+        object.__setattr__(self, "request_options", options)
+        if not isinstance(self.tool_modes, Mapping):
+            raise ValidationError("config.tool_modes", "must be a mapping of tool name to mode")
+        for name, mode in self.tool_modes.items():
+            if not isinstance(name, str) or mode not in ("exclusive", "parallel"):
+                raise ValidationError(f"config.tool_modes.{name}",
+                                      "must map a tool name to 'exclusive' or 'parallel'")
+        object.__setattr__(self, "tool_modes", dict(self.tool_modes))
+        limit = self.max_parallel_tool_calls
+        if type(limit) is not int or limit < 1:
+            raise ValidationError("config.max_parallel_tool_calls", "must be an integer >= 1")
+        if self.session_start not in ("startup", "resume"):
+            raise ValidationError("config.session_start", "must be 'startup' or 'resume'")
+        if not isinstance(self.publish, bool):
+            raise ValidationError("config.publish", "must be a bool")
+
+
+# --------------------------------------------------------------------------
+# Internal helpers of the loop
+# --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Controller:
+    """An abort controller: one per admission, one per run (R4.4)."""
+
+    signal: int
+    kind: Literal["admission", "run"]
+    reason: CancelCause | None = None
+
+    @property
+    def aborted(self) -> bool:
+        return self.reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class _Wait:
+    """Yielded by the loop: suspend until a completion of one of *ids* is available."""
+
+    ids: frozenset[int]
+
+
+@dataclass(slots=True)
+class _DiscardSlot:
+    """A discard report whose message list may still grow (rule P7); materialised when pulled."""
+
+    type: str
+    messages: list[Message] = field(default_factory=list)
+
+    def materialise(self) -> Live | None:
+        if not self.messages:
+            return None
+        return Live(LiveEvent(self.type, FrozenDict({"messages": FrozenList(
+            frozen_message(m) for m in self.messages)})))
+
+
+@dataclass(slots=True)
+class _Retro:
+    """The delivery window of one cancel's ``agent/cancel-requested`` (rule P7)."""
+
+    inbox_slot: _DiscardSlot | None
+    context_slot: _DiscardSlot | None
+    cursor: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _CancelRequested:
+    output: Live
+    retro: _Retro
+
+
+@dataclass(slots=True)
+class _EffectRecord:
+    kind: str
+    released: bool = False
+
+
+class _Aborted(Exception):
+    """Raised inside the loop by a signal check on an aborted signal (R0.7)."""
+
+
+class _Failure(Exception):
+    """A generic or request failure inside a turn (R15)."""
+
+    def __init__(self, error: ErrorInfo, *, code: str | None = None,
+                 request_failure: LlmFailure | None = None) -> None:
+        super().__init__(error.rendered())
+        self.error = error
+        self.code = code if code is not None else error.code
+        self.request_failure = request_failure
+
+
+@dataclass(slots=True)
+class _StepOutcome:
+    request_failed: bool = False
+    continue_turn: bool = False
+    concluded: bool = False
+    max_tokens: bool = False
+
+
+@dataclass(slots=True)
+class _Call:
+    """One planned tool call of a batch (R10)."""
+
+    index: int
+    call_id: str
+    name: str
+    arguments: Frozen
+    call_seq: int = -1
+    started: bool = False
+    outcome: Literal["pending", "running", "result", "abd", "failed"] = "pending"
+    result: ToolResult | None = None
+    from_prepare: bool = False
+    aborted_at_settle: bool = False
+    error: ErrorInfo | None = None
+    error_code: str | None = None
+
+
+_Mail: TypeAlias = tuple[int, str, Any]
+_Proc: TypeAlias = Generator["Output | _Wait", "_Mail | None", Any]
+_Queued: TypeAlias = "Output | _DiscardSlot | _CancelRequested"
+
+
+def frozen_message(message: Message) -> FrozenDict:
+    """The frozen JSON form of a message (no copying: its parts are already frozen)."""
+    return FrozenDict({"id": message.id, "role": message.role, "content": message.content,
+                       "source": message.source})
+
+
+def frozen_json(value: CancelCause | ErrorInfo | LlmFailure | ToolResult) -> FrozenDict:
+    frozen = freeze(value.to_json(), "value")
+    assert isinstance(frozen, FrozenDict)
+    return frozen
+
+
+def plan_arguments(raw: str) -> Frozen:
+    """R10.1: '' -> {}, valid JSON text -> its value, anything else -> the raw string."""
+    if raw == "":
+        return FrozenDict()
+
+    def refuse(_constant: str) -> None:
+        raise ValueError("not JSON")
+
+    try:
+        return freeze(json.loads(raw, parse_constant=refuse), "arguments")
+    except (ValueError, ValidationError):
+        return raw
+
+
+def _text_message(message_id: str, call_id: str, text: str) -> Message:
+    return Message(id=message_id, role="user", content=FrozenList((FrozenDict({
+        "type": "tool-result", "toolCallId": call_id,
+        "content": FrozenList((FrozenDict({"type": "text", "text": text}),)), "isError": True}),)),
+        source=FrozenDict({"kind": "tool", "callId": call_id}))
+
+
+class AgentCore:
+    """The deterministic sans-I/O agent core. See the module docstring."""
+
+    def __init__(self, config: CoreConfig | None = None, *, log: SessionLog | None = None,
+                 clock: Callable[[], float] | None = None,
+                 mint_id: Callable[[str, int], str] | None = None) -> None:
+        self.config = config if config is not None else CoreConfig()
+        self.log = log if log is not None else SessionLog(clock=clock)
+        self._mint = mint_id if mint_id is not None else (lambda kind, seq: f"{kind}-{seq}")
+        self.inbox = Inbox()
+        self.outbox = Outbox()
+        self.window = Window()
+        self.lifecycle = Lifecycle()
+        self._out: deque[_Queued] = deque()
+        self._retro: _Retro | None = None
+        self._proc: _Proc | None = None
+        self._wait: frozenset[int] | None = None
+        self._effects: dict[int, _EffectRecord] = {}
+        self._done_effects: set[int] = set()
+        self._mail: deque[_Mail] = deque()
+        self._next_effect = 0
+        self._next_signal = 0
+        self._wake_effect: int | None = None
+        self._owner: _Controller | None = None
+        self._ctrl: _Controller | None = None
+        self._pending_retry = False
+        self._prior_failures: list[FrozenDict] = []
+        self._turn = 0
+        self._step = 0
+        self._reason: FrozenDict = COMPLETED
+        self._settle: FrozenDict = COMPLETED
+        self._header_logged = False
+        self._disposing = False
+        self._disposed = False
+        if self.config.publish:
+            self._emit_live(ev.SESSION_CREATED)
+            self._emit_live(ev.AGENT_CREATED, status="idle")
+            self._emit_live(ev.SESSION_START, source=self.config.session_start)
+
+    # ------------------------------------------------------------------
+    # Read-only state (rule P10)
+    # ------------------------------------------------------------------
+
+    @property
+    def status(self) -> Literal["idle", "running"]:
+        return "running" if self.lifecycle.busy else "idle"
+
+    @property
+    def accepts_next_step(self) -> bool:
+        return self.window.is_open
+
+    @property
+    def pending_queued(self) -> int:
+        return len(self.inbox)
+
+    @property
+    def pending_steering(self) -> int:
+        return self.outbox.steering_count
+
+    @property
+    def pending_context(self) -> int:
+        return len(self.outbox) - self.outbox.steering_count
+
+    @property
+    def wake_pending(self) -> bool:
+        return self.lifecycle.state == "wake_pending"
+
+    @property
+    def retry_pending(self) -> bool:
+        return self._pending_retry
+
+    @property
+    def is_quiescent(self) -> bool:
+        """R18: not busy, no wake pending, no waking item queued (what ``whenIdle`` waits for)."""
+        return self.lifecycle.state == "idle" and not self.inbox.has_waking
+
+    @property
+    def disposing(self) -> bool:
+        return self._disposing and not self._disposed
+
+    @property
+    def disposed(self) -> bool:
+        return self._disposed
+
+    @property
+    def outstanding_effects(self) -> tuple[int, ...]:
+        return tuple(self._effects)
+
+    def signal_reason(self, signal: int) -> CancelCause | None:
+        """The abort reason of the current controller if it has this signal id."""
+        ctrl = self._ctrl
+        return ctrl.reason if ctrl is not None and ctrl.signal == signal else None
+
+    # ------------------------------------------------------------------
+    # Commands (rules R5, R16, R17, P3)
+    # ------------------------------------------------------------------
+
+    def send(self, message: JsonLike, options: JsonLike) -> None:
+        """R5: validate (options first, then the message), snapshot, route."""
+        self._check_live()
+        opts = SendOptions.from_json(options)
+        self._route(validate_user_message(message), opts)
+
+    def followup(self, message: JsonLike) -> None:
+        self._check_live()
+        self._route(validate_user_message(message), FOLLOWUP)
+
+    def steer(self, message: JsonLike) -> None:
+        self._check_live()
+        self._route(validate_user_message(message), STEER)
+
+    def inject(self, message: JsonLike) -> None:
+        self._check_live()
+        self._route(validate_user_message(message), INJECT)
+
+    def cancel(self, cause: JsonLike, keep_inbox: bool = False) -> None:
+        """R16: cancel the current activity and (unless *keep_inbox*) what is pending."""
+        self._check_live()
+        parsed = CancelCause.from_json(cause)
+        if not isinstance(keep_inbox, bool):
+            raise ValidationError("keepInbox", "must be a bool")
+        self._cancel(parsed, keep_inbox)
+
+    def dispose(self) -> None:
+        """R17: cancel(disposed) now; teardown outputs follow once the core is quiescent."""
+        if self._disposed:
+            return
+        self._disposing = True
+        self._cancel(DISPOSED_CAUSE, False)
+
+    def append(self, type: str, data: JsonLike, *, surface_op: JsonLike = None,
+               source_event_seqs: Sequence[int] | None = None) -> Event:
+        """A direct append by extension code (R20.2): checked, committed, delivered in order."""
+        self._check_live()
+        event = self.log.commit(type, data, surface_op=surface_op,
+                                source_event_seqs=source_event_seqs)
+        self._emit(Durable(event))
+        return event
+
+    def _check_live(self) -> None:
+        if self._disposed:
+            raise DisposedError("the agent is disposed; only dispose() may be called")
+
+    def _route(self, message: Message, options: SendOptions) -> None:
+        if options.target == "next-step" and not options.wakeup:
+            if self.window.is_open:                     # R5.2: staged, nothing emitted
+                self.outbox.stage(message, False)
+            else:                                       # R5.2 / D4: appended at once
+                self._emit(Durable(self.log.commit(ev.USER_MESSAGE, message, surface_op=APPEND)))
+        else:
+            steering = options.target == "next-step" and self.window.is_open   # R5.3
+            if steering:
+                self.outbox.stage(message, True)
+            else:
+                self.inbox.enqueue(message, options.wakeup)
+                if options.wakeup:
+                    self._request_wake()                # R5.4: before the enqueue notice
+            self._emit_live(ev.INBOX_ENQUEUE, message=frozen_message(message),
+                            placement="steering" if steering else "queued")
+        if self._retro is not None:
+            self._clear_into(self._retro.inbox_slot, self._retro.context_slot)
+
+    def _request_wake(self) -> None:
+        """R6.1: ignored while busy or while a wake is pending."""
+        if self.lifecycle.state != "idle":
+            return
+        self.lifecycle.fire("request_wake")
+        effect = self._new_effect(TICK, FrozenDict({"purpose": "wake"}))
+        self._wake_effect = effect.id
+        self._emit(effect)
+
+    def _cancel(self, cause: CancelCause, keep: bool) -> None:
+        effective = (self._owner is not None or self._pending_retry
+                     or (not keep and (len(self.inbox) > 0 or len(self.outbox) > 0)))
+        if not effective:                               # R16.1: a no-op arms nothing
+            return
+        inbox_slot = _DiscardSlot(ev.INBOX_DISCARD) if not keep else None
+        context_slot = _DiscardSlot(ev.CONTEXT_DISCARD) if not keep else None
+        if cause.kind != "disposed":                    # R16.2 step 1
+            notice = Live(LiveEvent(ev.CANCEL_REQUESTED, FrozenDict({"cause": frozen_json(cause)})))
+            self._emit(_CancelRequested(notice, _Retro(inbox_slot, context_slot)))
+        if not keep:                                    # R16.2 step 2
+            self._clear_into(inbox_slot, context_slot)
+            assert inbox_slot is not None and context_slot is not None
+            self._emit(inbox_slot)
+            self._emit(context_slot)
+        self._pending_retry = False                     # R16.2 step 3 (D2)
+        owner = self._owner
+        if owner is not None and owner.reason is None:  # R16.2 step 4, R16.3 first cause wins
+            owner.reason = cause
+            self._emit(Control("abort", FrozenDict({"signal": owner.signal,
+                                                    "reason": frozen_json(cause)})))
+
+    def _clear_into(self, inbox_slot: _DiscardSlot | None,
+                    context_slot: _DiscardSlot | None) -> None:
+        if inbox_slot is None or context_slot is None:
+            return
+        queued = self.inbox.discard() if len(self.inbox) else []
+        steering, contexts = self.outbox.clear() if len(self.outbox) else ([], [])
+        inbox_slot.messages.extend(queued)
+        inbox_slot.messages.extend(steering)
+        context_slot.messages.extend(contexts)
+
+    # ------------------------------------------------------------------
+    # Completions (rules P4, P6, C10)
+    # ------------------------------------------------------------------
+
+    def resolve(self, effect: int, value: JsonLike = None) -> None:
+        self._complete(effect, "resolve", value)
+
+    def fail(self, effect: int, error: ErrorInfo) -> None:
+        if not isinstance(error, ErrorInfo):
+            raise ProtocolError(f"effect {effect}: a raise needs an ErrorInfo, not {type(error).__name__}")
+        self._complete(effect, "raise", error)
+
+    def chunk(self, effect: int, chunk: JsonLike) -> None:
+        self._complete(effect, "chunk", chunk)
+
+    def end(self, effect: int) -> None:
+        self._complete(effect, "end", None)
+
+    def _complete(self, effect: int, kind: str, value: JsonLike) -> None:
+        if type(effect) is not int:
+            raise ProtocolError(f"effect id must be an integer, not {effect!r}")
+        record = self._effects.get(effect)
+        if record is None:
+            if effect in self._done_effects:
+                raise ProtocolError(f"effect {effect} was already completed")
+            raise ProtocolError(f"effect {effect} was never requested")
+        if record.released:
+            raise ProtocolError(f"effect {effect} ({record.kind}) was released: the core "
+                                "stopped consuming it")
+        if kind in ("chunk", "end") and record.kind != MODEL:
+            raise ProtocolError(f"effect {effect} is a {record.kind!r} effect; only a model "
+                                f"effect takes {kind!r}")
+        if kind == "resolve" and record.kind == MODEL:
+            raise ProtocolError(f"effect {effect} is a model stream: complete it with chunk, "
+                                "end or raise")
+        if kind != "chunk":
+            del self._effects[effect]
+            self._done_effects.add(effect)
+        self._mail.append((effect, kind, value))
+
+    def feed(self, item: Input) -> None:
+        """Apply one input value (rule P9)."""
+        if isinstance(item, Send):
+            self._check_live()
+            options = SendOptions.from_json(item.options)
+            self._route(validate_user_message(item.message), options)
+        elif isinstance(item, Cancel):
+            self.cancel(item.cause, item.keep_inbox)
+        elif isinstance(item, Dispose):
+            self.dispose()
+        elif isinstance(item, Append):
+            self.append(item.type, item.data, surface_op=item.surface_op,
+                        source_event_seqs=item.source_event_seqs)
+        elif isinstance(item, Resolve):
+            self.resolve(item.effect, item.value)
+        elif isinstance(item, Raise):
+            self.fail(item.effect, item.error)
+        elif isinstance(item, Chunk):
+            self.chunk(item.effect, item.chunk)
+        elif isinstance(item, End):
+            self.end(item.effect)
+        else:  # pragma: no cover - the Input union is closed
+            raise ProtocolError(f"unknown input {item!r}")
+
+    # ------------------------------------------------------------------
+    # Pulling outputs (rules P1, P2, P8)
+    # ------------------------------------------------------------------
+
+    def next_output(self) -> Output | None:
+        """The next output, or None when the core waits for an input."""
+        self._retro = None          # the previous output's delivery has ended
+        while True:
+            if self._out:
+                item = self._out.popleft()
+                if isinstance(item, _DiscardSlot):
+                    live = item.materialise()
+                    if live is None:
+                        continue
+                    return live
+                if isinstance(item, _CancelRequested):
+                    if item.retro.inbox_slot is not None:
+                        self._retro = item.retro
+                    return item.output
+                return item
+            if not self._advance():
+                return None
+
+    def drain_outputs(self) -> list[Output]:
+        """Pull every output available now (no observers act in between)."""
+        outputs: list[Output] = []
+        while (output := self.next_output()) is not None:
+            outputs.append(output)
+        return outputs
+
+    def _emit(self, item: _Queued) -> None:
+        retro = self._retro
+        if retro is not None:       # P7: before the pending discard reports
+            self._out.insert(retro.cursor, item)
+            retro.cursor += 1
+        else:
+            self._out.append(item)
+
+    def _emit_live(self, type_: str, **payload: Frozen) -> None:
+        self._emit(Live(LiveEvent(type_, FrozenDict(payload))))
+
+    def _advance(self) -> bool:
+        proc = self._proc
+        if proc is None:
+            return self._advance_idle()
+        sent: _Mail | None = None
+        if self._wait is not None:
+            sent = self._take_mail(self._wait)
+            if sent is None:
+                return False
+            self._wait = None
+        try:
+            yielded = proc.send(sent)
+        except StopIteration:
+            self._proc = None
+            return True
+        if isinstance(yielded, _Wait):
+            self._wait = yielded.ids
+        else:
+            self._out.append(yielded)
+        return True
+
+    def _advance_idle(self) -> bool:
+        wake = self._wake_effect
+        if wake is not None:
+            mail = self._take_mail(frozenset((wake,)))
+            if mail is None:
+                return False
+            self._wake_effect = None
+            self._wake()
+            return True
+        if self._disposing and not self._disposed and self.is_quiescent:
+            self._teardown()
+            return True
+        return False
+
+    def _take_mail(self, ids: frozenset[int]) -> _Mail | None:
+        for index, mail in enumerate(self._mail):
+            if mail[0] in ids:
+                del self._mail[index]
+                return mail
+        return None
+
+    def _wake(self) -> None:
+        """R6.2 (and R17.4: while disposing, a wake never claims)."""
+        if self._disposing and self.inbox.has_waking:
+            self._cancel(DISPOSED_CAUSE, False)
+        if self.inbox.has_waking:
+            self._proc = self._interval()
+        else:
+            self.lifecycle.fire("wake_empty")
+
+    def _teardown(self) -> None:
+        """R17.1 step 3: report anything still pending, then the two disposed notices."""
+        if len(self.inbox) or len(self.outbox):
+            inbox_slot, context_slot = _DiscardSlot(ev.INBOX_DISCARD), _DiscardSlot(ev.CONTEXT_DISCARD)
+            self._clear_into(inbox_slot, context_slot)
+            self._emit(inbox_slot)
+            self._emit(context_slot)
+        self._disposed = True
+        self._emit_live(ev.AGENT_DISPOSED)
+        self._emit_live(ev.SESSION_DISPOSED)
+
+    def _new_effect(self, kind: str, payload: FrozenDict,
+                    history: Sequence[Message] | None = None) -> Effect:
+        effect_id = self._next_effect
+        self._next_effect += 1
+        self._effects[effect_id] = _EffectRecord(kind)
+        return Effect(effect_id, kind, payload, history)
+
+    def _release(self, effect_id: int) -> Control | None:
+        record = self._effects.get(effect_id)
+        if record is None:
+            return None
+        record.released = True
+        del self._effects[effect_id]
+        self._done_effects.add(effect_id)
+        # Drop chunks already buffered for it: the core no longer consumes the stream.
+        self._mail = deque(m for m in self._mail if m[0] != effect_id)
+        return Control("release", FrozenDict({"effect": effect_id}))
+
+    def _commit(self, type_: str, data: Mapping[str, Frozen] | Message, *,
+                surface: bool = False, sources: Sequence[int] | None = None) -> Durable:
+        return Durable(self.log.commit(type_, data, surface_op=APPEND if surface else None,
+                                       source_event_seqs=sources))
+
+    def _await(self, effect_id: int) -> Generator[Output | _Wait, _Mail | None, _Mail]:
+        mail = yield _Wait(frozenset((effect_id,)))
+        assert mail is not None
+        return mail
+
+    def _check_signal(self) -> None:
+        ctrl = self._ctrl
+        if ctrl is not None and ctrl.aborted:
+            raise _Aborted()
+
+    def _new_controller(self, kind: Literal["admission", "run"]) -> _Controller:
+        self._next_signal += 1
+        ctrl = _Controller(self._next_signal, kind)
+        self._ctrl = ctrl
+        self._owner = ctrl
+        return ctrl
+
+    def _warn(self, text: str) -> Live:
+        return Live(LiveEvent(ev.WARNING, FrozenDict({"text": text})))
+
+    # ------------------------------------------------------------------
+    # The running interval (R7, R12.7)
+    # ------------------------------------------------------------------
+
+    def _interval(self) -> _Proc:
+        while True:
+            yield from self._claim()
+            # R12.7 continue-or-idle (R17.4: while disposing, nothing new is claimed)
+            if self._disposing and self.inbox.has_waking:
+                self._cancel(DISPOSED_CAUSE, False)   # its outputs precede the next yield
+            if self.inbox.has_waking:
+                continue
+            self.lifecycle.fire("go_idle")
+            yield Live(LiveEvent(ev.STATUS, FrozenDict({"status": "idle"})))
+            return
+
+    def _claim(self) -> _Proc:
+        """R7: claim the head of the inbox and admit it."""
+        message, _wakeup = self.inbox.claim()                    # R7.2
+        inherited = len(self.outbox)
+        was_busy = self.lifecycle.busy
+        self.lifecycle.fire("claim")
+        ctrl = self._new_controller("admission")                  # R7.3
+        self.window.fire("claim")
+        if not was_busy:                                          # R7.4
+            yield Live(LiveEvent(ev.STATUS, FrozenDict({"status": "running"})))
+        message_json = frozen_message(message)
+        dequeue = Live(LiveEvent(ev.INBOX_DEQUEUE, FrozenDict({"message": message_json,
+                                                               "placement": "queued"})))
+        admitted: list[Message] | None = None
+        if ctrl.aborted:                                          # R7.5
+            yield dequeue
+        else:
+            request = self._new_effect(PROMPT_SUBMIT, FrozenDict({
+                "message": message_json, "signal": ctrl.signal}))
+            yield request
+            yield dequeue                                         # R7.6
+            _, kind, value = yield from self._await(request.id)
+            if ctrl.aborted:                                      # R7.7: ignored, no warning
+                admitted = None
+            elif kind == "raise":
+                assert isinstance(value, ErrorInfo)
+                yield self._warn(f"prompt admission failed: {value.rendered()}")
+            else:
+                try:
+                    decision = decision_from_json(value)
+                except ValidationError as problem:               # R7.11
+                    yield self._warn(f"prompt admission returned an invalid decision: {problem}")
+                else:
+                    if isinstance(decision, Allow):
+                        prompt = message if decision.content is None else Message(
+                            id=message.id, role=message.role, content=decision.content,
+                            source=message.source)
+                        admitted = [prompt, *decision.additional_contexts]
+        self._owner = None                                        # R7.8
+        if admitted is not None:                                  # R7.9
+            self.lifecycle.fire("admit")
+            self._prior_failures = []
+            yield from self._run(FrozenDict({"kind": "message", "source": message.source}),
+                                 admitted, inherited)
+        else:
+            yield from self._rejected()
+
+    def _rejected(self) -> _Proc:
+        """R7.10: the rejected-admission tail."""
+        self.window.fire("reject")
+        self.lifecycle.fire("reject")
+        self._ctrl = None
+        if not self.outbox.has_steering:
+            while len(self.outbox) and not self.outbox.has_steering:
+                context, _ = self.outbox.take()
+                yield self._commit(ev.USER_MESSAGE, context, surface=True)
+        tick = self._new_effect(TICK, FrozenDict({"purpose": "rejected-admission"}))
+        yield tick
+        yield from self._await(tick.id)
+
+    # ------------------------------------------------------------------
+    # Run (R8), flush and settlement (R12), retry (R13)
+    # ------------------------------------------------------------------
+
+    def _run(self, trigger: FrozenDict, admitted: list[Message], inherited: int) -> _Proc:
+        while True:
+            self._new_controller("run")                           # R8.1
+            self.window.fire("start_run")
+            self._turn = self.log.last_turn + 1
+            self._reason = COMPLETED
+            self._settle = COMPLETED
+            self._step = 0
+            turn = self._turn
+            yield self._commit(ev.TURN_START, {"turn": turn, "trigger": trigger})  # R8.2
+            try:
+                yield from self._drain(limit=inherited)           # R8.3.1
+                for message in admitted:                          # R8.3.2
+                    yield self._commit(ev.USER_MESSAGE, message, surface=True)
+                self._check_signal()                              # R8.3.3
+                yield from self._drain()                          # R8.3.4
+                yield from self._steps()                          # R8.4-R8.5
+            except (_Aborted, _Failure) as failure:               # R8.6
+                if self.log.open_step is not None:
+                    yield self._commit(ev.STEP_END, {"turn": turn, "step": self._step})
+                yield from self._classify(failure)
+            self.window.fire("end_run")                           # R8.7
+            self.lifecycle.fire("close")
+            yield self._commit(ev.TURN_END, {"turn": turn, "reason": self._reason})
+            self._owner = None
+            self._ctrl = None
+            self.lifecycle.fire("flush")                          # R12.4
+            flush = self._new_effect(FLUSH, FrozenDict({"turn": turn}))
+            yield flush
+            _, kind, value = yield from self._await(flush.id)
+            if kind == "raise":
+                assert isinstance(value, ErrorInfo)
+                yield self._warn(f"session flush failed at turn {turn}: {value.rendered()}")
+                yield Live(LiveEvent(ev.ERROR, FrozenDict({"turn": turn, "step": self._step,
+                                                           "error": frozen_json(value)})))
+            if self._pending_retry:                               # R12.5 / R13.3
+                self._pending_retry = False
+                self.lifecycle.fire("retry")
+                trigger, admitted, inherited = RETRY_TRIGGER, [], 0
+                continue
+            yield Live(LiveEvent(ev.SETTLED, FrozenDict({"turn": turn, "reason": self._settle})))
+            return
+
+    def _classify(self, failure: _Aborted | _Failure) -> Generator[Output | _Wait, _Mail | None, None]:
+        """R15: set the durable reason and settle reason; report errors."""
+        ctrl = self._ctrl
+        if ctrl is not None and ctrl.reason is not None:          # R15.1
+            self._reason = DISPOSED if ctrl.reason.kind == "disposed" else ABORTED
+            self._settle = ABORTED
+            return
+        assert isinstance(failure, _Failure)
+        error = failure.error
+        yield Live(LiveEvent(ev.ERROR, FrozenDict({"turn": self._turn, "step": self._step,
+                                                   "error": frozen_json(error)})))
+        if failure.request_failure is not None:                   # R15.2
+            facts = frozen_json(failure.request_failure.with_message(error.rendered()))
+            self._reason = FrozenDict({"kind": "error", "step": self._step, "failure": facts})
+            self._settle = FrozenDict({"kind": "error", "error": frozen_json(error),
+                                       "failure": facts})
+        else:                                                     # R15.3
+            reason: dict[str, Frozen] = {"kind": "error", "step": self._step,
+                                         "message": error.rendered()}
+            if failure.code is not None:
+                reason["code"] = failure.code
+            self._reason = FrozenDict(reason)
+            self._settle = FrozenDict({"kind": "error", "error": frozen_json(error)})
+
+    def _steps(self) -> _Proc:
+        """R8.4-R8.5: the step loop of one turn."""
+        self.lifecycle.fire("begin_step")
+        while True:
+            self._step += 1
+            outcome: _StepOutcome = yield from self._one_step()
+            if outcome.request_failed:                            # R8.4 / R13
+                return
+            self._prior_failures = []                             # R13.4
+            if outcome.max_tokens:                                # R14.3
+                self._reason = MAX_TOKENS
+            if outcome.concluded:
+                return
+            if outcome.continue_turn or self.outbox.has_steering:
+                self.lifecycle.fire("begin_step")
+                continue
+            self.lifecycle.fire("stop_turn")                      # R8.5
+            stopping = self._new_effect(TURN_STOPPING, FrozenDict({
+                "turn": self._turn, "signal": self._signal()}))
+            yield stopping
+            _, kind, value = yield from self._await(stopping.id)
+            if kind == "raise":
+                assert isinstance(value, ErrorInfo)
+                raise _Failure(value)
+            self._check_signal()
+            took_steering = yield from self._drain()
+            if not took_steering:
+                return
+            self.lifecycle.fire("begin_step")
+
+    def _signal(self) -> int:
+        assert self._ctrl is not None
+        return self._ctrl.signal
+
+    def _hook(self, kind: str, payload: FrozenDict) -> Generator[Output | _Wait, _Mail | None, Any]:
+        """Request an effect, wait, and raise its failure as a generic failure."""
+        effect = self._new_effect(kind, payload)
+        yield effect
+        _, mail_kind, value = yield from self._await(effect.id)
+        if mail_kind == "raise":
+            assert isinstance(value, ErrorInfo)
+            raise _Failure(value)
+        return value
+
+    def _one_step(self) -> Generator[Output | _Wait, _Mail | None, _StepOutcome]:
+        """R9: one step."""
+        turn, step, signal = self._turn, self._step, self._signal()
+        yield from self._hook(STEP_HOOK, FrozenDict({"turn": turn, "step": step,
+                                                     "signal": signal}))   # R9.1
+        self._check_signal()
+        yield from self._drain()                                  # R9.2
+        self.lifecycle.fire("assemble")
+        system = yield from self._hook(SYSTEM_PROMPT, FrozenDict({
+            "turn": turn, "step": step, "signal": signal}))        # R9.3
+        try:
+            frozen_system = freeze(system, "system")
+        except ValidationError as bad_system:
+            raise _Failure(ErrorInfo(str(bad_system), "InvalidSystemPrompt", "INVALID_SYSTEM_PROMPT"),
+                           code="INVALID_SYSTEM_PROMPT") from None
+        self._check_signal()
+        self.lifecycle.fire("request")
+        history_end = len(self.log)                               # R9.4
+        yield self._commit(ev.STEP_START, {"turn": turn, "step": step})   # R9.5
+        self._check_signal()
+        seed = self.config.request_options if not self._header_logged else (
+            self.log.last_header or FrozenDict()).get("config", FrozenDict())
+        raw_header = yield from self._hook(REQUEST, FrozenDict({
+            "turn": turn, "step": step, "signal": signal, "config": seed,
+            "system": frozen_system}))                             # R9.6
+        self._check_signal()
+        header = self._validate_header(raw_header)
+        if not self._header_logged:
+            reason = "resume" if self.log.has_header else "initial"
+            self._header_logged = True
+            yield self._commit(ev.REQUEST_HEADER, {"header": header, "reason": reason})
+        elif canonical_json(header) != canonical_json(self.log.last_header):
+            yield self._commit(ev.REQUEST_HEADER, {"header": header, "reason": "change"})
+        self.lifecycle.fire("stream")                             # R9.7
+        config = header["config"]
+        assert isinstance(config, FrozenDict)
+        model = self._new_effect(MODEL, FrozenDict({
+            "turn": turn, "step": step, "signal": signal, "header": header,
+            "historyEnd": history_end}), self.log.history(history_end))
+        yield model
+        folded: list[FrozenDict] = []
+        chunk_seqs: list[int] = []
+        finish: FrozenDict | None = None
+        while True:
+            _, kind, value = yield from self._await(model.id)
+            if kind == "raise":
+                assert isinstance(value, ErrorInfo)
+                if value.failure is None:                         # not a model failure
+                    raise _Failure(value)
+                return (yield from self._request_failed(value, value.failure))
+            if kind == "end":
+                if finish is None:
+                    raise _Failure(ErrorInfo("model stream ended without a finish chunk",
+                                             "InvalidChunkError", "INVALID_CHUNK"))
+                break
+            if self._ctrl is not None and self._ctrl.aborted:    # R9.7.1
+                release = self._release(model.id)
+                if release is not None:
+                    yield release
+                raise _Aborted()
+            problem: str | None = None
+            chunk: FrozenDict | None = None
+            if finish is not None:
+                problem = "a chunk arrived after the finish chunk"
+            else:
+                try:
+                    chunk = validate_chunk(value)
+                    problem = _chunk_content_problem(chunk)
+                except ValidationError as error:
+                    problem = f"invalid chunk: {error}"
+            if problem is not None or chunk is None:              # R9.7 / D5
+                release = self._release(model.id)
+                if release is not None:
+                    yield release
+                raise _Failure(ErrorInfo(problem or "invalid chunk", "InvalidChunkError",
+                                         "INVALID_CHUNK"))
+            durable = self._commit(ev.ASSISTANT_CHUNK, {"turn": turn, "step": step, "chunk": chunk})
+            chunk_seqs.append(durable.event.seq)
+            yield durable
+            if chunk["type"] == "finish":
+                finish = chunk
+            else:
+                _fold(folded, chunk)
+        finish_kind = finish["kind"]
+        if finish_kind in ("error", "aborted"):                   # R9.7 request failure
+            raw_failure = finish.get("failure")
+            facts = (LlmFailure.from_json(raw_failure) if raw_failure is not None
+                     else DEFAULT_ABORT_FAILURE)
+            return (yield from self._request_failed(
+                ErrorInfo(facts.message, "ModelRequestError", facts.code, failure=facts), facts))
+        max_tokens = finish_kind == "max-tokens"
+        if max_tokens:                                            # R14.1
+            folded = [b for b in folded if b.get("type") != "tool-call"]
+        provider, model_name = config["provider"], config["model"]
+        seq = len(self.log)
+        message = Message(id=self._mint("assistant", seq), role="assistant",
+                          content=FrozenList(folded),
+                          source=FrozenDict({"kind": "model", "provider": provider,
+                                             "model": model_name}))
+        data: dict[str, Frozen] = {"turn": turn, "step": step, "message": frozen_message(message)}
+        if "usage" in finish:
+            data["usage"] = finish["usage"]
+        yield self._commit(ev.ASSISTANT_MESSAGE, data, surface=True, sources=chunk_seqs)  # R9.8
+        calls = [b for b in message.content if isinstance(b, FrozenDict)
+                 and b.get("type") == "tool-call"]
+        concluded = False
+        if calls:                                                 # R9.9
+            self.lifecycle.fire("run_tools")
+            concluded = yield from self._tool_batch(calls)
+        self.lifecycle.fire("end_step")
+        took_steering = yield from self._drain()                  # R9.10
+        yield self._commit(ev.STEP_END, {"turn": turn, "step": step})
+        return _StepOutcome(continue_turn=(bool(calls) and not concluded) or took_steering,
+                            concluded=concluded, max_tokens=max_tokens)
+
+    def _validate_header(self, value: JsonLike) -> FrozenDict:
+        """R9.6: the prepared header {config, system?, tools?}; config names provider and model."""
+        try:
+            header = freeze(value, "header")
+        except ValidationError as problem:
+            raise _Failure(ErrorInfo(str(problem), "RequestConfigError", "INVALID_REQUEST_CONFIG"),
+                           code="INVALID_REQUEST_CONFIG") from None
+        problem_text: str | None = None
+        if not isinstance(header, FrozenDict) or not isinstance(header.get("config"), FrozenDict):
+            problem_text = "the request header must be a mapping {config, system?, tools?}"
+        elif set(header) - {"config", "system", "tools"}:
+            problem_text = f"unexpected header field(s) {sorted(set(header) - {'config', 'system', 'tools'})}"
+        else:
+            config = header["config"]
+            assert isinstance(config, FrozenDict)
+            for key in ("provider", "model"):
+                if not isinstance(config.get(key), str) or not config.get(key):
+                    problem_text = f"the request config has no {key}"
+                    break
+        if problem_text is not None:
+            raise _Failure(ErrorInfo(problem_text, "RequestConfigError", "INVALID_REQUEST_CONFIG"),
+                           code="INVALID_REQUEST_CONFIG")
+        assert isinstance(header, FrozenDict)
+        return header
+
+    def _request_failed(self, error: ErrorInfo,
+                        facts: LlmFailure) -> Generator[Output | _Wait, _Mail | None, _StepOutcome]:
+        """R13.2: step/end, recovery, classification."""
+        self.lifecycle.fire("request_failed")
+        yield self._commit(ev.STEP_END, {"turn": self._turn, "step": self._step})
+        ctrl = self._ctrl
+        assert ctrl is not None
+        failure_json = frozen_json(facts)
+        if not ctrl.aborted:
+            recovery = self._new_effect(REQUEST_ERROR, FrozenDict({
+                "turn": self._turn, "step": self._step, "signal": ctrl.signal,
+                "error": frozen_json(error), "failure": failure_json,
+                "priorFailures": FrozenList(self._prior_failures)}))
+            yield recovery
+            _, kind, value = yield from self._await(recovery.id)
+            if kind == "raise":
+                assert isinstance(value, ErrorInfo)
+                yield self._warn(f"request recovery failed: {value.rendered()}")
+            elif _is_retry(value) and not ctrl.aborted:
+                self._pending_retry = True
+        self._prior_failures = [*self._prior_failures, failure_json]
+        yield from self._classify(_Failure(error, request_failure=facts))
+        return _StepOutcome(request_failed=True)
+
+    # ------------------------------------------------------------------
+    # Drains (R11)
+    # ------------------------------------------------------------------
+
+    def _drain(self, limit: int | None = None) -> Generator[Output | _Wait, _Mail | None, bool]:
+        took_steering = False
+        taken = 0
+        while len(self.outbox) and (limit is None or taken < limit):
+            message, steering = self.outbox.take()
+            taken += 1
+            if steering:
+                took_steering = True
+                yield Live(LiveEvent(ev.INBOX_DEQUEUE, FrozenDict({
+                    "message": frozen_message(message), "placement": "steering"})))
+                yield self._commit(ev.STEERING_MESSAGE, {"turn": self._turn,
+                                                         "message": frozen_message(message)},
+                                   surface=True)
+            else:
+                yield self._commit(ev.USER_MESSAGE, message, surface=True)
+        return took_steering
+
+    # ------------------------------------------------------------------
+    # Tool batch (R10)
+    # ------------------------------------------------------------------
+
+    def _mode(self, call: _Call) -> ToolMode:
+        return self.config.tool_modes.get(call.name, "exclusive")
+
+    def _tool_batch(self, blocks: list[FrozenDict]) -> Generator[Output | _Wait, _Mail | None, bool]:
+        calls = [_Call(i, str(b["id"]), str(b["name"]), plan_arguments(str(b["arguments"])))
+                 for i, b in enumerate(blocks)]
+        ctrl = self._ctrl
+        assert ctrl is not None
+        concluded = False
+        failed_at: int | None = None
+        failure: _Failure | None = None
+        next_start = 0
+        while next_start < len(calls) and failed_at is None and not ctrl.aborted:
+            first = calls[next_start]
+            pool = self._mode(first) == "parallel"
+            limit = self.config.max_parallel_tool_calls if pool else 1
+            group_open = True
+            in_flight: dict[int, _Call] = {}       # execute effect id -> call
+            commit_from = next_start
+            while True:
+                # Start calls up to the limit (R10.2, R10.3).
+                while (group_open and failed_at is None and not ctrl.aborted
+                       and len(in_flight) < limit and next_start < len(calls)):
+                    call = calls[next_start]
+                    if call is not first and (not pool or self._mode(call) != "parallel"):
+                        group_open = False
+                        break
+                    next_start += 1
+                    yield from self._start_call(call, in_flight)
+                    if call.outcome == "failed" and (failed_at is None or call.index < failed_at):
+                        failed_at = call.index
+                    if not pool:
+                        group_open = False
+                # Commit what is committable, in model order (R10.4).
+                while commit_from < next_start and (failed_at is None or commit_from < failed_at):
+                    call = calls[commit_from]
+                    if call.outcome in ("pending", "running"):
+                        break
+                    concluded = (yield from self._commit_call(call)) or concluded
+                    if call.outcome == "failed":
+                        failed_at = call.index
+                        break
+                    commit_from += 1
+                if not in_flight:
+                    if (failed_at is not None or ctrl.aborted or not group_open
+                            or next_start >= len(calls)):
+                        break
+                    continue
+                mail = yield _Wait(frozenset(in_flight))   # a settlement (R10.2)
+                assert mail is not None
+                effect_id, kind, value = mail
+                call = in_flight.pop(effect_id)
+                call.aborted_at_settle = ctrl.aborted
+                if kind == "raise":
+                    assert isinstance(value, ErrorInfo)
+                    call.outcome, call.error = "failed", value
+                else:
+                    try:
+                        call.result = ToolResult.from_json(value)
+                        call.outcome = "result"
+                    except ValidationError as problem:
+                        call.outcome = "failed"
+                        call.error = _invalid_result(problem)
+                        call.error_code = "INVALID_TOOL_RESULT"
+                if call.outcome == "failed" and (failed_at is None or call.index < failed_at):
+                    failed_at = call.index
+            if failed_at is not None:
+                failed = calls[failed_at]
+                assert failed.error is not None
+                failure = _Failure(failed.error, code=failed.error_code or failed.error.code)
+                break
+        if failure is not None:                                   # R10.9
+            raise failure
+        if ctrl.aborted:                                          # R10.7 synthetic pairs
+            for call in calls[next_start:]:
+                call_event = self._commit(ev.TOOL_CALL, self._call_data(call))
+                call.call_seq = call_event.event.seq
+                yield call_event
+                yield self._tool_result(call, ABD_ERROR, ABD_TEXT)
+        return concluded
+
+    def _call_data(self, call: _Call) -> dict[str, Frozen]:
+        return {"turn": self._turn, "step": self._step, "callId": call.call_id,
+                "name": call.name, "arguments": call.arguments}
+
+    def _stage_payload(self, call: _Call, **extra: Frozen) -> FrozenDict:
+        return FrozenDict({"turn": self._turn, "step": self._step, "signal": self._signal(),
+                           "callId": call.call_id, "name": call.name,
+                           "arguments": call.arguments, **extra})
+
+    def _start_call(self, call: _Call,
+                    in_flight: dict[int, _Call]) -> Generator[Output | _Wait, _Mail | None, None]:
+        """R10.3: tool/call, prepare, then dispatch (or not)."""
+        call.started = True
+        call_event = self._commit(ev.TOOL_CALL, self._call_data(call))
+        call.call_seq = call_event.event.seq
+        yield call_event
+        prepare = self._new_effect(TOOL_PREPARE, self._stage_payload(call))
+        yield prepare
+        _, kind, value = yield from self._await(prepare.id)
+        if kind == "raise":
+            assert isinstance(value, ErrorInfo)
+            call.outcome, call.error = "failed", value
+            return
+        if value is not None:
+            try:
+                call.result = ToolResult.from_json(value)
+            except ValidationError as problem:
+                call.outcome, call.error = "failed", _invalid_result(problem)
+                call.error_code = "INVALID_TOOL_RESULT"
+                return
+            call.outcome, call.from_prepare = "result", True
+            return
+        ctrl = self._ctrl
+        assert ctrl is not None
+        if ctrl.aborted:
+            call.outcome = "abd"
+            return
+        execute = self._new_effect(TOOL_EXECUTE, self._stage_payload(call))
+        in_flight[execute.id] = call
+        call.outcome = "running"
+        yield execute
+
+    def _commit_call(self, call: _Call) -> Generator[Output | _Wait, _Mail | None, bool]:
+        """R10.4: finalize, validate, append the result, stage contexts; True if it concludes."""
+        concludes = False
+        if call.outcome == "abd":
+            yield self._tool_result(call, ABD_ERROR, ABD_TEXT)
+            return False
+        if call.outcome == "failed":
+            return False
+        result = call.result
+        assert result is not None
+        if not call.from_prepare:
+            finalize = self._new_effect(TOOL_FINALIZE, self._stage_payload(
+                call, result=frozen_json(result)))
+            yield finalize
+            _, kind, value = yield from self._await(finalize.id)
+            if kind == "raise":
+                assert isinstance(value, ErrorInfo)
+                call.outcome, call.error = "failed", value
+                return False
+            try:
+                result = ToolResult.from_json(value)
+            except ValidationError as problem:
+                call.outcome, call.error = "failed", _invalid_result(problem)
+                call.error_code = "INVALID_TOOL_RESULT"
+                return False
+        body_ok = call.result is not None and not call.result.is_error
+        if call.aborted_at_settle and body_ok and not call.from_prepare:   # R10.11
+            yield self._tool_result(call, ABORTED_ERROR, ABORTED_TEXT)
+        else:
+            block: dict[str, Frozen] = {"type": "tool-result", "toolCallId": call.call_id,
+                                        "content": result.content}
+            if result.is_error:
+                block["isError"] = True
+            seq = len(self.log)
+            message = Message(id=self._mint("tool-result", seq), role="user",
+                              content=FrozenList((FrozenDict(block),)),
+                              source=FrozenDict({"kind": "tool", "callId": call.call_id}))
+            data: dict[str, Frozen] = {"turn": self._turn, "step": self._step,
+                                       "message": frozen_message(message)}
+            if result.error is not None:
+                data["error"] = result.error
+            if result.meta is not None:
+                data["meta"] = result.meta
+            yield self._commit(ev.TOOL_RESULT, data, surface=True, sources=[call.call_seq])
+            concludes = result.concludes_turn and not result.is_error  # R10.6
+        for context in result.additional_contexts:            # R10.4.4
+            self.outbox.stage(context, False)
+        return concludes
+
+    def _tool_result(self, call: _Call, error: FrozenDict, text: str) -> Durable:
+        seq = len(self.log)
+        message = _text_message(self._mint("tool-result", seq), call.call_id, text)
+        return self._commit(ev.TOOL_RESULT, {"turn": self._turn, "step": self._step,
+                                             "message": frozen_message(message), "error": error},
+                            surface=True, sources=[call.call_seq])
+
+
+def _invalid_result(problem: ValidationError) -> ErrorInfo:
+    return ErrorInfo(f"invalid tool result: {problem}", "InvalidToolResultError",
+                     "INVALID_TOOL_RESULT")
+
+
+def _is_retry(value: JsonLike) -> bool:
+    """R13.2: only exactly {kind:'retry'} authorizes a retry."""
+    return (isinstance(value, (dict, FrozenDict)) and len(value) == 1
+            and value.get("kind") == "retry")
+
+
+def _chunk_content_problem(chunk: FrozenDict) -> str | None:
+    """Rule P12: the fields a content-carrying chunk needs."""
+    kind = chunk["type"]
+    if kind in ("text", "reasoning") and not isinstance(chunk.get("text"), str):
+        return f"invalid chunk: a {kind} chunk needs a string 'text'"
+    if kind == "tool-call":
+        if not isinstance(chunk.get("id"), str) or not chunk.get("id"):
+            return "invalid chunk: a tool-call chunk needs a non-empty string 'id'"
+        if not isinstance(chunk.get("name"), str):
+            return "invalid chunk: a tool-call chunk needs a string 'name'"
+        if not isinstance(chunk.get("arguments", ""), str):
+            return "invalid chunk: a tool-call chunk's 'arguments' must be JSON text (a string)"
+    if kind == "block":
+        block = chunk.get("block")
+        problem = block_problem(block) if block is not None else "a block chunk needs a 'block'"
+        if problem:
+            return f"invalid chunk: {problem}"
+    return None
+
+
+def _fold(content: list[FrozenDict], chunk: FrozenDict) -> None:
+    """Rule P12: how the core folds model chunks into content blocks.
+
+    ``text`` and ``reasoning`` chunks extend a trailing block of the same type;
+    ``tool-call`` chunks {id, name, arguments} add a call; ``block`` chunks add
+    their ``block`` as is; other chunk types carry no content.
+    """
+    kind = chunk["type"]
+    if kind in ("text", "reasoning"):
+        piece = str(chunk["text"])
+        if content and content[-1].get("type") == kind:
+            content[-1] = content[-1].set("text", str(content[-1]["text"]) + piece)
+        else:
+            content.append(FrozenDict({"type": kind, "text": piece}))
+    elif kind == "tool-call":
+        content.append(FrozenDict({"type": "tool-call", "id": chunk.get("id"),
+                                   "name": chunk.get("name"),
+                                   "arguments": chunk.get("arguments", "")}))
+    elif kind == "block" and isinstance(chunk.get("block"), FrozenDict):
+        block = chunk["block"]
+        assert isinstance(block, FrozenDict)
+        content.append(block)

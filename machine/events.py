@@ -1,0 +1,189 @@
+"""Durable session events and live notifications (spec §E: rules E1–E4).
+
+A durable event has the envelope ``{type, seq, time, data, surfaceOp?,
+sourceEventSeqs?}`` (rule E1). Four types are *surface* types: they carry a
+message into the derived history and must carry ``surfaceOp`` (rule E2).
+Live notifications (rule E3) are not durable; they carry a type and a payload.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final
+
+from machine.errors import CodecError, ValidationError
+from machine.jsonvalue import Frozen, FrozenDict, FrozenList, JsonLike, freeze, thaw
+
+# Durable event types of the core catalog (rule E1).
+TURN_START: Final = "turn/start"
+TURN_END: Final = "turn/end"
+STEP_START: Final = "step/start"
+STEP_END: Final = "step/end"
+USER_MESSAGE: Final = "user/message"
+STEERING_MESSAGE: Final = "steering/message"
+ASSISTANT_CHUNK: Final = "assistant/chunk"
+ASSISTANT_MESSAGE: Final = "assistant/message"
+TOOL_CALL: Final = "tool/call"
+TOOL_RESULT: Final = "tool/result"
+TODO_WRITE: Final = "todo/write"
+REQUEST_HEADER: Final = "request/header"
+
+CORE_EVENT_TYPES: Final = frozenset({
+    TURN_START, TURN_END, STEP_START, STEP_END, USER_MESSAGE, STEERING_MESSAGE,
+    ASSISTANT_CHUNK, ASSISTANT_MESSAGE, TOOL_CALL, TOOL_RESULT, TODO_WRITE, REQUEST_HEADER,
+})
+SURFACE_TYPES: Final = frozenset({USER_MESSAGE, ASSISTANT_MESSAGE, TOOL_RESULT, STEERING_MESSAGE})
+
+# Live notification types (rule E3).
+STATUS: Final = "agent/status"
+INBOX_ENQUEUE: Final = "agent/inbox/enqueue"
+INBOX_DEQUEUE: Final = "agent/inbox/dequeue"
+INBOX_DISCARD: Final = "agent/inbox/discard"
+CONTEXT_DISCARD: Final = "agent/context/discard"
+CANCEL_REQUESTED: Final = "agent/cancel-requested"
+SETTLED: Final = "agent/settled"
+ERROR: Final = "agent/error"
+WARNING: Final = "agent/warning"
+SESSION_START: Final = "agent/session-start"
+AGENT_CREATED: Final = "agent/created"
+AGENT_DISPOSED: Final = "agent/disposed"
+SESSION_CREATED: Final = "session/created"
+SESSION_DISPOSED: Final = "session/disposed"
+
+LIVE_TYPES: Final = frozenset({
+    STATUS, INBOX_ENQUEUE, INBOX_DEQUEUE, INBOX_DISCARD, CONTEXT_DISCARD, CANCEL_REQUESTED,
+    SETTLED, ERROR, WARNING, SESSION_START, AGENT_CREATED, AGENT_DISPOSED, SESSION_CREATED,
+    SESSION_DISPOSED,
+})
+
+APPEND: Final = "append"
+
+
+def surface_op_problem(op: Frozen) -> str | None:
+    """Rule E2: 'append' or {op:'replace', start, end} with 0 <= start <= end."""
+    if op == APPEND:
+        return None
+    if isinstance(op, FrozenDict) and set(op) == {"op", "start", "end"} and op["op"] == "replace":
+        start, end = op["start"], op["end"]
+        if (type(start) is int and type(end) is int and 0 <= start <= end):
+            return None
+    return "surfaceOp must be 'append' or {op:'replace', start, end} with 0 <= start <= end"
+
+
+def _rebase_codec(exc: ValidationError, default: str, path: str) -> CodecError:
+    where = exc.path
+    if where == default or where.startswith((default + ".", default + "[")):
+        where = path + where[len(default):]
+    return CodecError(where, exc.problem)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One committed durable session event (rule E1). Immutable.
+
+    Construction checks the envelope's *shape* only (field types) and
+    snapshots ``data``, ``surface_op`` and ``source_event_seqs``; the session
+    invariants (seq = index, surfaceOp exactly on surface types, enclosure)
+    are the log's job.
+    """
+
+    type: str
+    seq: int
+    time: int | float
+    data: FrozenDict
+    surface_op: Frozen = None
+    source_event_seqs: FrozenList | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.type, str) or not self.type:
+            raise ValidationError("event.type", "must be a non-empty string")
+        if type(self.seq) is not int or self.seq < 0:
+            raise ValidationError("event.seq", "must be a non-negative integer")
+        time = self.time
+        if isinstance(time, bool) or not isinstance(time, (int, float)) or not math.isfinite(time):
+            raise ValidationError("event.time", "must be a finite number (epoch milliseconds)")
+        data = freeze(self.data, "event.data")
+        if not isinstance(data, FrozenDict):
+            raise ValidationError("event.data", "must be a mapping")
+        object.__setattr__(self, "data", data)
+        object.__setattr__(self, "surface_op", freeze(self.surface_op, "event.surfaceOp"))
+        if self.source_event_seqs is not None:
+            seqs = freeze(self.source_event_seqs, "event.sourceEventSeqs")
+            if not isinstance(seqs, FrozenList) or not all(type(s) is int for s in seqs):
+                raise ValidationError("event.sourceEventSeqs", "must be a list of integers")
+            object.__setattr__(self, "source_event_seqs", seqs)
+
+    @property
+    def is_surface(self) -> bool:
+        return self.type in SURFACE_TYPES
+
+    def to_json(self, *, with_time: bool = True) -> dict[str, JsonLike]:
+        out: dict[str, JsonLike] = {"type": self.type, "seq": self.seq}
+        if with_time:
+            out["time"] = self.time
+        out["data"] = thaw(self.data)
+        if self.surface_op is not None:
+            out["surfaceOp"] = thaw(self.surface_op)
+        if self.source_event_seqs is not None:
+            out["sourceEventSeqs"] = list(self.source_event_seqs)
+        return out
+
+    @classmethod
+    def from_json(cls, value: JsonLike, path: str = "event") -> Event:
+        """Decode the JSON form; shape only (the session invariants are the log's job)."""
+        if not isinstance(value, dict):
+            raise CodecError(path, "must be an object {type, seq, time, data, ...}")
+        extra = set(value) - {"type", "seq", "time", "data", "surfaceOp", "sourceEventSeqs"}
+        if extra:
+            names = ", ".join(sorted(repr(k) for k in extra))
+            raise CodecError(path, f"unexpected field(s) {names}")
+        for key in ("type", "seq", "time", "data"):
+            if key not in value:
+                raise CodecError(f"{path}.{key}", "is missing")
+        for key in ("surfaceOp", "sourceEventSeqs"):
+            if key in value and value[key] is None:
+                raise CodecError(f"{path}.{key}", "must be omitted rather than null")
+        try:
+            return cls(value["type"], value["seq"], value["time"], value["data"],
+                       value.get("surfaceOp"), value.get("sourceEventSeqs"))
+        except ValidationError as exc:
+            raise _rebase_codec(exc, "event", path) from None
+
+
+@dataclass(frozen=True, slots=True)
+class LiveEvent:
+    """A live, non-durable notification (rule E3): a type and a payload mapping.
+
+    The JSON form puts the payload's fields beside ``type``, so the payload may
+    not itself have a ``type`` field. Construction snapshots the payload.
+    """
+
+    type: str
+    payload: FrozenDict
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.type, str) or not self.type:
+            raise ValidationError("live.type", "must be a non-empty string")
+        payload = freeze(self.payload, "live.payload")
+        if not isinstance(payload, FrozenDict):
+            raise ValidationError("live.payload", "must be a mapping")
+        if "type" in payload:
+            raise ValidationError("live.payload.type", "is reserved for the notification type")
+        object.__setattr__(self, "payload", payload)
+
+    def to_json(self) -> dict[str, JsonLike]:
+        return {"type": self.type, **thaw(self.payload)}
+
+    @classmethod
+    def from_json(cls, value: JsonLike, path: str = "live") -> LiveEvent:
+        if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+            raise CodecError(path, "must be an object with a string 'type'")
+        payload = {k: v for k, v in value.items() if k != "type"}
+        try:
+            frozen = freeze(payload, path)
+            return cls(value["type"], frozen)  # type: ignore[arg-type]
+        except ValidationError as exc:
+            if exc.path.startswith("live.payload"):
+                raise CodecError(path + exc.path[len("live.payload"):], exc.problem) from None
+            raise _rebase_codec(exc, "live", path) from None

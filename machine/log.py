@@ -1,0 +1,742 @@
+"""The session log: an append-only, invariant-checked list of durable events.
+
+Rules L1–L14 are stated in ``specs/log.md`` (restating the reference's §0.6,
+§1.21, §2, §20.2 and §21). Every append is checked *before* it is committed
+(L2): a rejected append raises `InvariantError`, changes nothing and consumes
+no seq. The checks keep a small incremental state (open turn, open step, the
+callIds of the current step, ...) so an append costs O(size of its data), never
+a walk of the log. The derived message history (L13) is maintained
+incrementally too, so `history(end)` is a cheap immutable view.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from dataclasses import replace as replace_fields
+from typing import Final, NoReturn, TypeAlias, TypeVar, overload
+
+from machine.errors import InvariantError, ValidationError
+from machine.events import (
+    APPEND,
+    ASSISTANT_CHUNK,
+    ASSISTANT_MESSAGE,
+    REQUEST_HEADER,
+    STEERING_MESSAGE,
+    STEP_END,
+    STEP_START,
+    SURFACE_TYPES,
+    TODO_WRITE,
+    TOOL_CALL,
+    TOOL_RESULT,
+    TURN_END,
+    TURN_START,
+    USER_MESSAGE,
+    Event,
+    surface_op_problem,
+)
+from machine.jsonvalue import Frozen, FrozenDict, FrozenList, freeze
+from machine.vocabulary import (
+    ErrorInfo,
+    Message,
+    TurnEndReason,
+    TurnTrigger,
+    validate_assistant_message,
+    validate_chunk,
+    validate_tool_result_message,
+    validate_user_message,
+)
+
+__all__ = [
+    "EventRule",
+    "Observer",
+    "SessionLog",
+    "Violation",
+    "derive_history",
+    "validate_events",
+]
+
+logger = logging.getLogger("turnstile")
+
+#: A log observer: called with each committed event, after commit (L11).
+Observer: TypeAlias = Callable[[Event], None]
+#: An extension-type rule (L10): returns a description of the problem, or None.
+EventRule: TypeAlias = Callable[["SessionLog", str, FrozenDict], "str | None"]
+
+HEADER_REASONS: Final = frozenset({"initial", "resume", "change"})
+TOOL_NOT_STARTED: Final = "TOOL_NOT_STARTED"
+
+# The rule id reported for a core type's own checks (enclosure and data shape).
+_RULE_OF_TYPE: Final[Mapping[str, str]] = {
+    TURN_START: "L4", TURN_END: "L4",
+    STEP_START: "L5", STEP_END: "L5",
+    ASSISTANT_CHUNK: "L6", ASSISTANT_MESSAGE: "L6", TOOL_CALL: "L6",
+    TOOL_RESULT: "L7",
+    STEERING_MESSAGE: "L8", TODO_WRITE: "L8", REQUEST_HEADER: "L8",
+    USER_MESSAGE: "L9",
+}
+
+
+def _wall_clock_ms() -> float:
+    return int(time.time() * 1000)
+
+
+def _fail(rule: str, message: str) -> NoReturn:
+    raise InvariantError(rule, message)
+
+
+def _problem_text(error: InvariantError) -> str:
+    """The message of an InvariantError without its ``[rule] `` prefix."""
+    return str(error).removeprefix(f"[{error.rule}] ")
+
+
+# --------------------------------------------------------------------------
+# Immutable views
+# --------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+class _Prefix(Sequence[T]):
+    """An immutable view of the first *length* items of an append-only list.
+
+    The log only ever appends to the lists these views wrap (and builds a new
+    list where it would have to change one), so a view never changes.
+    """
+
+    __slots__ = ("_items", "_length")
+
+    def __init__(self, items: list[T], length: int) -> None:
+        self._items = items
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[T, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> T | tuple[T, ...]:
+        if isinstance(index, slice):
+            return tuple(self._items[: self._length][index])
+        position = index + self._length if index < 0 else index
+        if not 0 <= position < self._length:
+            raise IndexError("view index out of range")
+        return self._items[position]
+
+    def __iter__(self) -> Iterator[T]:
+        items = self._items
+        for position in range(self._length):
+            yield items[position]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(other) == self._length and all(a == b for a, b in zip(self, other, strict=False))
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"({', '.join(repr(item) for item in self)})"
+
+
+# --------------------------------------------------------------------------
+# Derived history (L13)
+# --------------------------------------------------------------------------
+
+
+def _is_skipped(message: Message) -> bool:
+    # §21.2: an assistant message with empty content carries only usage.
+    return message.role == "assistant" and len(message.content) == 0
+
+
+def _project(event: Event) -> Message:
+    """The message a (valid) surface event contributes to the history (§21.2)."""
+    if event.type == USER_MESSAGE:
+        return Message.from_json(event.data, "data")
+    return Message.from_json(event.data["message"], "data.message")
+
+
+def _replace_range(origins: Sequence[int], messages: Sequence[Message], start: int, end: int,
+                   new_origin: int, new: Message | None) -> tuple[list[int], list[Message]]:
+    """Apply ``surfaceOp {op:'replace', start, end}`` to a derived list (L13).
+
+    The entries produced by events ``start..end`` are shadowed and the new
+    message takes the place of the first of them; if none is left to shadow,
+    it goes before the first entry that originated after the range.
+    """
+    kept_origins: list[int] = []
+    kept_messages: list[Message] = []
+    position: int | None = None
+    for origin, message in zip(origins, messages, strict=True):
+        if start <= origin <= end:
+            if position is None:
+                position = len(kept_origins)
+            continue
+        if position is None and origin > end:
+            position = len(kept_origins)
+        kept_origins.append(origin)
+        kept_messages.append(message)
+    if new is not None:
+        at = len(kept_origins) if position is None else position
+        kept_origins.insert(at, new_origin)
+        kept_messages.insert(at, new)
+    return kept_origins, kept_messages
+
+
+def derive_history(events: Iterable[Event]) -> tuple[Message, ...]:
+    """The derived history (§21.2) of valid events, computed by a plain walk (L13)."""
+    origins: list[int] = []
+    messages: list[Message] = []
+    for event in events:
+        if event.type not in SURFACE_TYPES:
+            continue
+        projected = _project(event)
+        message = None if _is_skipped(projected) else projected
+        op = event.surface_op
+        if isinstance(op, FrozenDict):
+            start, end = op["start"], op["end"]
+            assert isinstance(start, int) and isinstance(end, int)
+            origins, messages = _replace_range(origins, messages, start, end, event.seq, message)
+        elif message is not None:
+            origins.append(event.seq)
+            messages.append(message)
+    return tuple(messages)
+
+
+@dataclass(slots=True)
+class _Generation:
+    """The derived history from one replace event on (L13).
+
+    ``keys`` is non-decreasing so `bisect` finds how many entries belong to a
+    prefix of the log: entries carried over by the replace event are keyed by
+    that event's seq, entries appended afterwards by their own seq.
+    ``origins`` holds the seq of the event that produced each entry, which a
+    later replace range is matched against.
+    """
+
+    start: int
+    keys: list[int] = field(default_factory=list)
+    origins: list[int] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------
+# Violations (for validators and the CLI)
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """The first event of a sequence that breaks a session invariant.
+
+    ``seq`` is the event's position in the sequence (which L1 requires to be
+    its seq), ``rule`` the rule id (L1–L10), ``message`` what is wrong.
+    """
+
+    seq: int
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"seq {self.seq} [{self.rule}] {self.message}"
+
+
+def validate_events(events: Iterable[Event]) -> Violation | None:
+    """Replay *events* through the session invariants (L14); the first violation, or None."""
+    log = SessionLog()
+    for position, event in enumerate(events):
+        try:
+            log._replay(event)
+        except InvariantError as error:
+            return Violation(position, error.rule, _problem_text(error))
+    return None
+
+
+# --------------------------------------------------------------------------
+# The log
+# --------------------------------------------------------------------------
+
+
+class SessionLog:
+    """An append-only session log that checks every append before commit (L1–L14).
+
+    *events* seed the log; they are replayed through the same checks as
+    appends (L14). *clock* supplies each appended event's ``time`` (epoch
+    milliseconds by default) (L1).
+    """
+
+    def __init__(self, events: Iterable[Event] = (), *,
+                 clock: Callable[[], float] | None = None) -> None:
+        self._clock: Callable[[], float] = clock if clock is not None else _wall_clock_ms
+        self._events: list[Event] = []
+        self._rules: dict[str, EventRule] = {}
+        # Incremental checker state (L4–L8): O(1) per append.
+        self._open_turn: int | None = None
+        self._open_step: int | None = None
+        self._last_turn = 0
+        self._last_step = 0  # the last step number of the open turn
+        self._step_calls: set[str] = set()  # callIds of the open step's tool/call events
+        self._last_header: FrozenDict | None = None
+        # Derived history (L13), one generation per replace event.
+        self._generations: list[_Generation] = [_Generation(start=-1)]
+        self._generation_starts: list[int] = [-1]
+        # Observer delivery (L11, L12).
+        self._observers: dict[int, Observer] = {}
+        self._next_token = 0
+        self._undelivered: deque[Event] = deque()
+        self._delivering = False
+        for position, event in enumerate(events):
+            try:
+                self._replay(event)
+            except InvariantError as error:
+                raise InvariantError(
+                    error.rule, f"seed event at seq {position}: {_problem_text(error)}") from None
+
+    # -- read-only state ---------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def __getitem__(self, index: int) -> Event:
+        return self._events[index]
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self.events)
+
+    @property
+    def events(self) -> Sequence[Event]:
+        """An immutable snapshot of the committed events."""
+        return _Prefix(self._events, len(self._events))
+
+    @property
+    def open_turn(self) -> int | None:
+        return self._open_turn
+
+    @property
+    def open_step(self) -> int | None:
+        return self._open_step
+
+    @property
+    def last_turn(self) -> int:
+        """The number of the last ``turn/start`` (0 when there is none)."""
+        return self._last_turn
+
+    @property
+    def last_header(self) -> FrozenDict | None:
+        """The ``header`` of the most recent ``request/header``."""
+        return self._last_header
+
+    @property
+    def has_header(self) -> bool:
+        return self._last_header is not None
+
+    # -- extension rules (L10) ----------------------------------------------
+
+    def register_rule(self, event_type: str, check: EventRule) -> None:
+        """Give an extension event type a rule (L10); it replaces an earlier one.
+
+        *check* receives the log (before the append), the type and the frozen
+        data, and returns a description of the problem or None.
+        """
+        if not isinstance(event_type, str) or not event_type:
+            raise ValidationError("event_type", "must be a non-empty string")
+        if event_type in _RULE_OF_TYPE:
+            raise ValidationError("event_type", f"{event_type!r} is a core event type; "
+                                  "its rules cannot be overridden")
+        self._rules[event_type] = check
+
+    # -- appending ------------------------------------------------------------
+
+    def check(self, type: str, data: Mapping[str, object] | Message, *,
+              surface_op: str | Mapping[str, object] | None = None,
+              source_event_seqs: Sequence[int] | None = None) -> None:
+        """Raise `InvariantError` if this append would break an invariant (L2). Pure."""
+        frozen_data, frozen_op, frozen_seqs = _freeze_envelope(data, surface_op, source_event_seqs)
+        self._verdict(type, frozen_data, frozen_op, frozen_seqs)
+
+    def commit(self, type: str, data: Mapping[str, object] | Message, *,
+               surface_op: str | Mapping[str, object] | None = None,
+               source_event_seqs: Sequence[int] | None = None) -> Event:
+        """Snapshot, check (L2) and commit one event; no observer delivery.
+
+        A `Message` may stand for a message mapping (as *data* itself or as a
+        top-level value of it).
+        """
+        frozen_data, frozen_op, frozen_seqs = _freeze_envelope(data, surface_op, source_event_seqs)
+        message = self._verdict(type, frozen_data, frozen_op, frozen_seqs)
+        event = Event(type, len(self._events), self._clock(), frozen_data, frozen_op, frozen_seqs)
+        self._store(event, message)
+        return event
+
+    def append(self, type: str, data: Mapping[str, object] | Message, *,
+               surface_op: str | Mapping[str, object] | None = None,
+               source_event_seqs: Sequence[int] | None = None) -> Event:
+        """Commit one event, then deliver it to the observers (L11, L12).
+
+        Made during a delivery (by an observer), the event commits at once but
+        is delivered only after the current event has reached every observer;
+        the outermost append returns after all such deliveries are done.
+        """
+        event = self.commit(type, data, surface_op=surface_op,
+                            source_event_seqs=source_event_seqs)
+        self._undelivered.append(event)
+        if not self._delivering:
+            self._deliver_all()
+        return event
+
+    def subscribe(self, observer: Observer) -> Callable[[], None]:
+        """Register a log observer (L11); returns a function that unsubscribes it."""
+        token = self._next_token
+        self._next_token += 1
+        self._observers[token] = observer
+
+        def unsubscribe() -> None:
+            self._observers.pop(token, None)
+
+        return unsubscribe
+
+    # -- derived history (L13) ------------------------------------------------
+
+    def derive_messages(self, end: int | None = None) -> tuple[Message, ...]:
+        """The derived history (§21.2) of the events with seq < *end* (all if None)."""
+        return derive_history(self._events if end is None else self._events[:max(end, 0)])
+
+    def history(self, end: int) -> Sequence[Message]:
+        """An immutable view equal to ``derive_messages(end)``, in O(log n)."""
+        end = max(end, 0)
+        generation = self._generations[bisect.bisect_left(self._generation_starts, end) - 1]
+        return _Prefix(generation.messages, bisect.bisect_left(generation.keys, end))
+
+    # -- internals --------------------------------------------------------------
+
+    def _deliver_all(self) -> None:
+        self._delivering = True
+        try:
+            while self._undelivered:
+                event = self._undelivered.popleft()
+                for token, observer in tuple(self._observers.items()):
+                    if token not in self._observers:
+                        continue  # unsubscribed by an earlier observer of this event
+                    try:
+                        observer(event)
+                    except Exception as error:  # L11: contained, never vetoes
+                        logger.warning("session log observer failed on %s (seq %d): %s",
+                                       event.type, event.seq,
+                                       ErrorInfo.from_exception(error).rendered())
+        finally:
+            self._delivering = False
+
+    def _replay(self, event: Event) -> None:
+        """Check and store an already stamped event (seeds and validators, L14)."""
+        expected = len(self._events)
+        if event.seq != expected:
+            _fail("L1", f"{event.type}: expected seq {expected}, got {event.seq}")
+        if isinstance(event.time, bool) or not isinstance(event.time, (int, float)):
+            _fail("L3", f"{event.type}: time must be a number of epoch milliseconds")
+        data, op, seqs = _freeze_envelope(event.data, event.surface_op, event.source_event_seqs)
+        message = self._verdict(event.type, data, op, seqs)
+        unchanged = (data is event.data and op is event.surface_op
+                     and seqs is event.source_event_seqs)
+        if not unchanged:  # the caller built the Event from plain values: keep the snapshot
+            event = replace_fields(event, data=data, surface_op=op, source_event_seqs=seqs)
+        self._store(event, message)
+
+    def _store(self, event: Event, message: Message | None) -> None:
+        """Commit a checked event and advance the incremental state."""
+        self._events.append(event)
+        data = event.data
+        kind = event.type
+        if kind == TURN_START:
+            self._open_turn = self._last_turn = _as_int(data["turn"])
+            self._last_step = 0
+        elif kind == TURN_END:
+            self._open_turn = None
+        elif kind == STEP_START:
+            self._open_step = self._last_step = _as_int(data["step"])
+            self._step_calls = set()
+        elif kind == STEP_END:
+            self._open_step = None
+            self._step_calls = set()  # L7: a later step cannot answer these calls
+        elif kind == TOOL_CALL:
+            self._step_calls.add(str(data["callId"]))
+        elif kind == REQUEST_HEADER:
+            header = data["header"]
+            assert isinstance(header, FrozenDict)
+            self._last_header = header
+        if message is not None:
+            self._record_surface(event, message)
+
+    def _record_surface(self, event: Event, projected: Message) -> None:
+        message = None if _is_skipped(projected) else projected
+        current = self._generations[-1]
+        op = event.surface_op
+        if not isinstance(op, FrozenDict):
+            if message is not None:
+                current.keys.append(event.seq)
+                current.origins.append(event.seq)
+                current.messages.append(message)
+            return
+        # A replace never mutates a list that views may reference: it starts a
+        # new generation whose carried-over entries are keyed by this seq.
+        origins, messages = _replace_range(current.origins, current.messages,
+                                           _as_int(op["start"]), _as_int(op["end"]),
+                                           event.seq, message)
+        self._generations.append(_Generation(event.seq, [event.seq] * len(origins),
+                                             origins, messages))
+        self._generation_starts.append(event.seq)
+
+    # -- the checks --------------------------------------------------------------
+
+    def _verdict(self, type_: str, data: FrozenDict, op: Frozen,
+                 seqs: FrozenList | None) -> Message | None:
+        """Raise InvariantError if the event may not come next; else its surface message."""
+        next_seq = len(self._events)
+        # L3: the envelope.
+        if not isinstance(type_, str) or not type_:
+            _fail("L3", "the event type must be a non-empty string")
+        surface = type_ in SURFACE_TYPES
+        if surface:
+            if op is None:
+                _fail("L3", f"{type_} requires a surfaceOp ('append' or a replace range)")
+            op_problem = surface_op_problem(op)
+            if op_problem:
+                _fail("L3", f"{type_}: {op_problem}")
+            if isinstance(op, FrozenDict) and _as_int(op["end"]) >= next_seq:
+                _fail("L3", f"{type_}: replace range {op['start']}..{op['end']} must name "
+                      f"earlier events (this event would be seq {next_seq})")
+        elif op is not None:
+            _fail("L3", f"{type_} must not carry a surfaceOp (only surface types do)")
+        if seqs is not None:
+            if not surface:
+                _fail("L3", f"{type_} must not carry sourceEventSeqs (only surface types do)")
+            for source in seqs:
+                if isinstance(source, bool) or not isinstance(source, int) \
+                        or not 0 <= source < next_seq:
+                    _fail("L3", f"{type_}: sourceEventSeqs entry {source!r} does not name an "
+                          f"earlier event (this event would be seq {next_seq})")
+        check = _CORE_CHECKS.get(type_)
+        if check is not None:
+            return check(self, data, op)
+        # L10: extension types follow their registered rule, else anything goes.
+        rule = self._rules.get(type_)
+        problem = rule(self, type_, data) if rule is not None else None
+        if problem:
+            _fail("L10", f"{type_}: {problem}")
+        return None
+
+    def _require_turn(self, type_: str) -> int:
+        if self._open_turn is None:
+            _fail(_RULE_OF_TYPE[type_], f"{type_} is outside any open turn")
+        return self._open_turn
+
+    def _require_step(self, type_: str, data: FrozenDict) -> None:
+        """The event must sit in an open step and name it (L6, L7)."""
+        rule = _RULE_OF_TYPE[type_]
+        turn = self._require_turn(type_)
+        step = self._open_step
+        if step is None:
+            _fail(rule, f"{type_} is outside any open step (turn {turn} has no open step)")
+        named = (data.get("turn"), data.get("step"))
+        if named != (turn, step) or not all(_is_int(n) for n in named):
+            _fail(rule, f"{type_}: names step {_dotted(named)} but the open step is {turn}.{step}")
+
+    def _check_turn_start(self, data: FrozenDict, _op: Frozen) -> None:
+        if self._open_turn is not None:
+            _fail("L4", f"turn/start: turn {self._open_turn} is still open")
+        turn = data.get("turn")
+        expected = self._last_turn + 1
+        if not _is_int(turn) or turn != expected:
+            _fail("L4", f"turn/start: expected turn {expected}, got {turn!r}")
+        try:  # V13: message / retry / injection
+            TurnTrigger.from_json(data.get("trigger"), "data.trigger")
+        except ValidationError as error:
+            _fail("L4", f"turn/start: {error}")
+
+    def _check_turn_end(self, data: FrozenDict, _op: Frozen) -> None:
+        turn = data.get("turn")
+        if self._open_turn is None:
+            _fail("L4", f"turn/end: turn {turn!r} is outside any open turn")
+        if not _is_int(turn) or turn != self._open_turn:
+            _fail("L4", f"turn/end: turn {turn!r} does not match open turn {self._open_turn}")
+        if self._open_step is not None:
+            _fail("L4", f"turn/end: step {self._open_turn}.{self._open_step} is still open")
+        try:  # V19: completed / aborted / error / disposed / max-tokens / interrupted
+            TurnEndReason.from_json(data.get("reason"), "data.reason")
+        except ValidationError as error:
+            _fail("L4", f"turn/end: {error}")
+
+    def _check_step_start(self, data: FrozenDict, _op: Frozen) -> None:
+        if self._open_turn is None:
+            _fail("L5", "step/start requires an open turn")
+        if self._open_step is not None:
+            _fail("L5", f"step/start: step {self._open_turn}.{self._open_step} is still open")
+        turn, step = data.get("turn"), data.get("step")
+        if not _is_int(turn) or turn != self._open_turn:
+            _fail("L5", f"step/start: turn {turn!r} does not match open turn {self._open_turn}")
+        expected = self._last_step + 1
+        if not _is_int(step) or step != expected:
+            _fail("L5", f"step/start: expected step {expected} of turn {turn}, got {step!r}")
+
+    def _check_step_end(self, data: FrozenDict, _op: Frozen) -> None:
+        if self._open_step is None:
+            _fail("L5", "step/end is outside any open step")
+        named = (data.get("turn"), data.get("step"))
+        if named != (self._open_turn, self._open_step) or not all(_is_int(n) for n in named):
+            _fail("L5", f"step/end: step {_dotted(named)} does not match open step "
+                  f"{self._open_turn}.{self._open_step}")
+
+    def _check_chunk(self, data: FrozenDict, _op: Frozen) -> None:
+        self._require_step(ASSISTANT_CHUNK, data)
+        try:
+            validate_chunk(data.get("chunk"), "data.chunk")
+        except ValidationError as error:
+            _fail("L6", f"assistant/chunk: {error}")
+
+    def _check_assistant_message(self, data: FrozenDict, _op: Frozen) -> Message:
+        self._require_step(ASSISTANT_MESSAGE, data)
+        message = _message_field(ASSISTANT_MESSAGE, data, validate_assistant_message)
+        if "usage" in data and not isinstance(data["usage"], FrozenDict):
+            _fail("L6", "assistant/message: data.usage must be a mapping")
+        return message
+
+    def _check_tool_call(self, data: FrozenDict, _op: Frozen) -> None:
+        self._require_step(TOOL_CALL, data)
+        call_id, name = data.get("callId"), data.get("name")
+        if not isinstance(call_id, str) or not call_id:
+            _fail("L6", f"tool/call: data.callId must be a non-empty string, got {call_id!r}")
+        if not isinstance(name, str):
+            _fail("L6", f"tool/call: data.name must be a string, got {name!r}")
+
+    def _check_tool_result(self, data: FrozenDict, op: Frozen) -> Message:
+        fresh = op == APPEND
+        if fresh:
+            self._require_step(TOOL_RESULT, data)
+        else:
+            self._require_turn(TOOL_RESULT)  # a replacement needs only an open turn
+        message = _message_field(TOOL_RESULT, data, validate_tool_result_message)
+        call_id = message.source["callId"]
+        error = data.get("error")
+        if error is not None and not isinstance(error, FrozenDict):
+            _fail("L7", f"tool/result: data.error must be a mapping, got {error!r}")
+        not_started = error is not None and error.get("code") == TOOL_NOT_STARTED
+        if fresh and call_id not in self._step_calls and not not_started:
+            _fail("L7", f"tool/result: no tool/call with callId {call_id!r} earlier in step "
+                  f"{self._open_turn}.{self._open_step}")
+        return message
+
+    def _check_steering(self, data: FrozenDict, _op: Frozen) -> Message:
+        turn = self._require_turn(STEERING_MESSAGE)
+        named = data.get("turn")
+        if not _is_int(named) or named != turn:
+            _fail("L8", f"steering/message: turn {named!r} does not match open turn {turn}")
+        return _message_field(STEERING_MESSAGE, data, validate_user_message)
+
+    def _check_todo_write(self, _data: FrozenDict, _op: Frozen) -> None:
+        self._require_turn(TODO_WRITE)
+
+    def _check_request_header(self, data: FrozenDict, _op: Frozen) -> None:
+        self._require_turn(REQUEST_HEADER)
+        if not isinstance(data.get("header"), FrozenDict):
+            _fail("L8", "request/header: data.header must be a mapping {config, system?, tools?}")
+        reason = data.get("reason")
+        if reason not in HEADER_REASONS:
+            _fail("L8", "request/header: data.reason must be 'initial', 'resume' or 'change', "
+                  f"got {reason!r}")
+
+    def _check_user_message(self, data: FrozenDict, _op: Frozen) -> Message:
+        # L9: no enclosure at all; the data is the well-formed user message itself.
+        try:
+            return validate_user_message(data, "data")
+        except ValidationError as error:
+            _fail("L9", f"user/message: {error}")
+
+
+_CoreCheck: TypeAlias = Callable[[SessionLog, FrozenDict, Frozen], "Message | None"]
+
+_CORE_CHECKS: Final[Mapping[str, _CoreCheck]] = {
+    TURN_START: SessionLog._check_turn_start,
+    TURN_END: SessionLog._check_turn_end,
+    STEP_START: SessionLog._check_step_start,
+    STEP_END: SessionLog._check_step_end,
+    ASSISTANT_CHUNK: SessionLog._check_chunk,
+    ASSISTANT_MESSAGE: SessionLog._check_assistant_message,
+    TOOL_CALL: SessionLog._check_tool_call,
+    TOOL_RESULT: SessionLog._check_tool_result,
+    STEERING_MESSAGE: SessionLog._check_steering,
+    TODO_WRITE: SessionLog._check_todo_write,
+    REQUEST_HEADER: SessionLog._check_request_header,
+    USER_MESSAGE: SessionLog._check_user_message,
+}
+
+
+# --------------------------------------------------------------------------
+# Small helpers
+# --------------------------------------------------------------------------
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _as_int(value: Frozen) -> int:
+    assert isinstance(value, int)
+    return value
+
+
+def _dotted(named: tuple[Frozen, Frozen]) -> str:
+    return f"{named[0]!r}.{named[1]!r}"
+
+
+def _message_field(type_: str, data: FrozenDict,
+                   validate: Callable[[Frozen, str], Message]) -> Message:
+    """``data.message``, checked by the vocabulary's validator for its kind (§1.2)."""
+    try:
+        return validate(data.get("message"), "data.message")
+    except ValidationError as error:
+        _fail(_RULE_OF_TYPE[type_], f"{type_}: {error}")
+
+
+def _message_mapping(message: Message) -> FrozenDict:
+    # Content and source are already frozen, so this is cheap.
+    return FrozenDict({"id": message.id, "role": message.role, "content": message.content,
+                       "source": message.source})
+
+
+def _freeze_envelope(data: Mapping[str, object] | Message, surface_op: object,
+                     source_event_seqs: object) -> tuple[FrozenDict, Frozen, FrozenList | None]:
+    """Snapshot the caller's data, surfaceOp and sourceEventSeqs (L3)."""
+    try:
+        if isinstance(data, Message):
+            frozen_data: Frozen = _message_mapping(data)
+        elif isinstance(data, FrozenDict):
+            frozen_data = data
+        elif isinstance(data, Mapping):
+            frozen_data = freeze({key: _message_mapping(value) if isinstance(value, Message)
+                                  else value for key, value in data.items()}, "data")
+        else:
+            frozen_data = freeze(data, "data")
+        frozen_op = freeze(surface_op, "surfaceOp")
+        frozen_seqs: Frozen = None
+        if source_event_seqs is not None:
+            if isinstance(source_event_seqs, FrozenList):
+                frozen_seqs = source_event_seqs  # already a frozen JSON array
+            elif isinstance(source_event_seqs, (list, tuple)):
+                frozen_seqs = freeze(list(source_event_seqs), "sourceEventSeqs")
+            else:
+                frozen_seqs = freeze(source_event_seqs, "sourceEventSeqs")
+    except ValidationError as error:
+        _fail("L3", f"not JSON-compatible: {error}")
+    if not isinstance(frozen_data, FrozenDict):
+        _fail("L3", "data must be a JSON object (a mapping)")
+    if frozen_seqs is not None and not isinstance(frozen_seqs, FrozenList):
+        _fail("L3", "sourceEventSeqs must be a list of earlier seqs")
+    return frozen_data, frozen_op, frozen_seqs

@@ -1,0 +1,990 @@
+"""The message and value vocabulary (specs/vocabulary.md: rules V1–V21).
+
+Every value here is immutable and validated at construction (rule V8, the
+reference's D5): a malformed value raises a `ValidationError` naming the field
+and the problem, and nothing half-built escapes. Each type has a JSON form
+(`to_json` / `from_json`) used by the codec, scripts and conformance vectors
+(rule E4).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeAlias
+
+from machine.errors import ValidationError
+from machine.jsonvalue import Frozen, FrozenDict, FrozenList, JsonLike, freeze, thaw
+
+Role: TypeAlias = Literal["user", "assistant", "system"]
+ROLES: frozenset[str] = frozenset({"user", "assistant", "system"})
+
+#: Error codes of the in-turn validation failures (reference §9.7, §10.9, §15.3).
+INVALID_CHUNK: Final = "INVALID_CHUNK"
+INVALID_TOOL_RESULT: Final = "INVALID_TOOL_RESULT"
+
+# --------------------------------------------------------------------------
+# Decoding helpers shared by every from_json.
+# --------------------------------------------------------------------------
+
+
+def _rebase(exc: ValidationError, default: str, path: str,
+            code: str | None = None) -> ValidationError:
+    """*exc* with its leading *default* path segment replaced by *path* (and, if given,
+    its code replaced by *code*). Keeps the exception class."""
+    where = exc.path
+    if path != default and (where == default or where.startswith((default + ".", default + "["))):
+        where = path + where[len(default):]
+    if where == exc.path and (code is None or code == exc.code):
+        return exc
+    return type(exc)(where, exc.problem, code=code or exc.code)
+
+
+def _fields(value: JsonLike, path: str, shape: str, required: Sequence[str],
+            optional: Sequence[str] = ()) -> dict[str, Any]:
+    """A plain dict of a decoded mapping, after checking its key set."""
+    if not isinstance(value, (dict, FrozenDict)):
+        raise ValidationError(path, f"must be a mapping {shape}")
+    extra = set(value) - set(required) - set(optional)
+    if extra:
+        names = ", ".join(sorted(repr(k) for k in extra))
+        raise ValidationError(path, f"unexpected field(s) {names}")
+    for key in required:
+        if key not in value:
+            raise ValidationError(f"{path}.{key}", "is required")
+    return dict(value)
+
+
+def _opt(fields: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    """An optional field of a supplied value: absent and null both read as *default*."""
+    item = fields.get(key)
+    return default if item is None else item
+
+
+# --------------------------------------------------------------------------
+# Extension registries (rules V3, V4): users add block types and source kinds.
+# A checker returns None when the value is fine, or a description of the problem.
+# --------------------------------------------------------------------------
+
+BlockCheck: TypeAlias = Callable[[FrozenDict], "str | None"]
+_block_checks: dict[str, BlockCheck] = {}
+_source_checks: dict[str, BlockCheck] = {}
+
+
+def register_block_type(type_name: str, check: BlockCheck | None = None) -> None:
+    """Declare an extension content-block type (rule V3) with an optional field check."""
+    if not isinstance(type_name, str) or not type_name:
+        raise ValidationError("type_name", "must be a non-empty string")
+    if type_name in _CORE_BLOCKS:
+        raise ValidationError("type_name", f"{type_name!r} is a core block type")
+    _block_checks[type_name] = check or (lambda _b: None)
+
+
+def register_source_kind(kind: str, check: BlockCheck | None = None) -> None:
+    """Declare an extension source kind (rule V4) with an optional field check."""
+    if not isinstance(kind, str) or not kind:
+        raise ValidationError("kind", "must be a non-empty string")
+    if kind in _CORE_SOURCES:
+        raise ValidationError("kind", f"{kind!r} is a core source kind")
+    _source_checks[kind] = check or (lambda _s: None)
+
+
+def _str_field(value: FrozenDict, key: str, *, nonempty: bool = False) -> str | None:
+    item = value.get(key)
+    if not isinstance(item, str):
+        return f"{key!r} must be a string"
+    if nonempty and not item:
+        return f"{key!r} must not be empty"
+    return None
+
+
+def _check_text(block: FrozenDict) -> str | None:
+    return _str_field(block, "text")
+
+
+def _check_tool_call(block: FrozenDict) -> str | None:
+    return (_str_field(block, "id", nonempty=True) or _str_field(block, "name")
+            or _str_field(block, "arguments"))
+
+
+def _check_tool_result(block: FrozenDict) -> str | None:
+    problem = _str_field(block, "toolCallId", nonempty=True)
+    if problem:
+        return problem
+    content = block.get("content")
+    if not isinstance(content, FrozenList):
+        return "'content' must be a list of blocks"
+    for i, inner in enumerate(content):
+        inner_problem = block_problem(inner)
+        if inner_problem:
+            return f"content[{i}]: {inner_problem}"
+    if "isError" in block and block["isError"] is not True:
+        return "'isError' may only be present as true"
+    return None
+
+
+_CORE_BLOCKS: dict[str, BlockCheck] = {
+    "text": _check_text,
+    "reasoning": _check_text,
+    "tool-call": _check_tool_call,
+    "tool-result": _check_tool_result,
+}
+
+
+def block_problem(block: Frozen) -> str | None:
+    """What is wrong with a frozen content block, or None (rule V3)."""
+    if not isinstance(block, FrozenDict):
+        return "a content block must be a mapping"
+    kind = block.get("type")
+    if not isinstance(kind, str) or not kind:
+        return "a content block needs a non-empty string 'type'"
+    check = _CORE_BLOCKS.get(kind) or _block_checks.get(kind)
+    return check(block) if check else None
+
+
+def _check_plugin(source: FrozenDict) -> str | None:
+    return _str_field(source, "plugin")
+
+
+def _check_model(source: FrozenDict) -> str | None:
+    return _str_field(source, "provider") or _str_field(source, "model")
+
+
+def _check_tool(source: FrozenDict) -> str | None:
+    return _str_field(source, "callId", nonempty=True)
+
+
+_CORE_SOURCES: dict[str, BlockCheck] = {
+    "user": lambda _s: None,
+    "plugin": _check_plugin,
+    "model": _check_model,
+    "tool": _check_tool,
+}
+
+
+def source_problem(source: Frozen) -> str | None:
+    """What is wrong with a frozen source, or None (rule V4)."""
+    if not isinstance(source, FrozenDict):
+        return "the source must be a mapping"
+    kind = source.get("kind")
+    if not isinstance(kind, str) or not kind:
+        return "the source needs a non-empty string 'kind'"
+    check = _CORE_SOURCES.get(kind) or _source_checks.get(kind)
+    return check(source) if check else None
+
+
+def freeze_content(value: JsonLike, path: str) -> FrozenList:
+    """Validate and freeze a list of content blocks."""
+    if not isinstance(value, (list, FrozenList)):
+        raise ValidationError(path, "must be a list of content blocks")
+    frozen = freeze(value, path)
+    assert isinstance(frozen, FrozenList)
+    for i, block in enumerate(frozen):
+        problem = block_problem(block)
+        if problem:
+            raise ValidationError(f"{path}[{i}]", problem)
+    return frozen
+
+
+def freeze_source(value: JsonLike, path: str) -> FrozenDict:
+    """Validate and freeze a message source (rule V4)."""
+    if not isinstance(value, (dict, FrozenDict)):
+        raise ValidationError(path, "must be a mapping with a non-empty string 'kind'")
+    frozen = freeze(value, path)
+    assert isinstance(frozen, FrozenDict)
+    problem = source_problem(frozen)
+    if problem:
+        raise ValidationError(path, problem)
+    return frozen
+
+
+# --------------------------------------------------------------------------
+# Content-block and source constructors (plain data, validated on use).
+# --------------------------------------------------------------------------
+
+
+def text(value: str) -> dict[str, JsonLike]:
+    return {"type": "text", "text": value}
+
+
+def reasoning(value: str) -> dict[str, JsonLike]:
+    return {"type": "reasoning", "text": value}
+
+
+def tool_call(call_id: str, name: str, arguments: str = "{}") -> dict[str, JsonLike]:
+    return {"type": "tool-call", "id": call_id, "name": name, "arguments": arguments}
+
+
+def tool_result_block(tool_call_id: str, content: Sequence[JsonLike],
+                      is_error: bool = False) -> dict[str, JsonLike]:
+    block: dict[str, JsonLike] = {"type": "tool-result", "toolCallId": tool_call_id,
+                                  "content": list(content)}
+    if is_error:
+        block["isError"] = True
+    return block
+
+
+def user_source(**extra: JsonLike) -> FrozenDict:
+    return freeze_source({"kind": "user", **extra}, "source")
+
+
+def plugin_source(plugin: str) -> FrozenDict:
+    return freeze_source({"kind": "plugin", "plugin": plugin}, "source")
+
+
+def model_source(provider: str, model: str, replay_state: JsonLike = None) -> FrozenDict:
+    data: dict[str, JsonLike] = {"kind": "model", "provider": provider, "model": model}
+    if replay_state is not None:
+        data["replayState"] = replay_state
+    return freeze_source(data, "source")
+
+
+def tool_source(call_id: str) -> FrozenDict:
+    return freeze_source({"kind": "tool", "callId": call_id}, "source")
+
+
+def custom_source(kind: str, **fields: JsonLike) -> FrozenDict:
+    """A source of an extension kind (rule V4)."""
+    return freeze_source({**fields, "kind": kind}, "source")
+
+
+# --------------------------------------------------------------------------
+# Messages (rules V5, V6, V7)
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """An immutable message ``{id, role, content, source}`` (rule V5).
+
+    Construction validates and deep-freezes: later changes to the caller's
+    lists or dicts have no effect (rule V6).
+    """
+
+    id: str
+    role: Role
+    content: FrozenList
+    source: FrozenDict
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise ValidationError("message.id", "must be a non-empty string")
+        if not isinstance(self.role, str) or self.role not in ROLES:
+            raise ValidationError("message.role",
+                                  f"{self.role!r} is not one of user, assistant, system")
+        object.__setattr__(self, "content", freeze_content(self.content, "message.content"))
+        object.__setattr__(self, "source", freeze_source(self.source, "message.source"))
+
+    def to_json(self) -> dict[str, JsonLike]:
+        return {"id": self.id, "role": self.role, "content": thaw(self.content),
+                "source": thaw(self.source)}
+
+    @classmethod
+    def from_json(cls, value: JsonLike, path: str = "message") -> Message:
+        if isinstance(value, Message):
+            return value
+        fields = _fields(value, path, "{id, role, content, source}",
+                         ("id", "role", "content", "source"))
+        try:
+            return cls(id=fields["id"], role=fields["role"], content=fields["content"],
+                       source=fields["source"])
+        except ValidationError as exc:
+            raise _rebase(exc, "message", path) from None
+
+    @property
+    def text(self) -> str:
+        """The concatenated text of the text blocks (a convenience for tests and demos)."""
+        return "".join(str(b.get("text", "")) for b in self.content
+                       if isinstance(b, FrozenDict) and b.get("type") == "text")
+
+    @property
+    def tool_calls(self) -> tuple[FrozenDict, ...]:
+        return tuple(b for b in self.content
+                     if isinstance(b, FrozenDict) and b.get("type") == "tool-call")
+
+
+def user_message(id: str, content: str | Sequence[JsonLike],
+                 source: Mapping[str, JsonLike] | None = None) -> Message:
+    """A well-formed user message (rule V7). A str content becomes one text block."""
+    blocks = [text(content)] if isinstance(content, str) else list(content)
+    return Message(id=id, role="user", content=blocks,  # type: ignore[arg-type]
+                   source=source if source is not None else {"kind": "user"})  # type: ignore[arg-type]
+
+
+def validate_user_message(value: JsonLike, path: str = "message") -> Message:
+    """Rule V7: a well-formed *user* message, snapshotted. Accepts a Message or its JSON form."""
+    message = Message.from_json(value, path)
+    if message.role != "user":
+        raise ValidationError(f"{path}.role", f"must be 'user', not {message.role!r}")
+    return message
+
+
+def assistant_message(id: str, content: Sequence[JsonLike], source: Mapping[str, JsonLike]
+                      ) -> Message:
+    """An assistant message (rule V5): role assistant, source of kind model."""
+    return validate_assistant_message(
+        {"id": id, "role": "assistant", "content": list(content), "source": source})
+
+
+def validate_assistant_message(value: JsonLike, path: str = "message") -> Message:
+    """Rule V5: role 'assistant' and a source of kind 'model'."""
+    message = Message.from_json(value, path)
+    if message.role != "assistant":
+        raise ValidationError(f"{path}.role", f"must be 'assistant', not {message.role!r}")
+    if message.source["kind"] != "model":
+        raise ValidationError(f"{path}.source.kind", "an assistant message's source is 'model'")
+    return message
+
+
+def tool_result_message(id: str, call_id: str, content: Sequence[JsonLike], *,
+                        is_error: bool = False) -> Message:
+    """A tool-result message (rule V5): one tool-result block, source {kind:'tool', callId}."""
+    return validate_tool_result_message(
+        {"id": id, "role": "user", "content": [tool_result_block(call_id, content, is_error)],
+         "source": {"kind": "tool", "callId": call_id}})
+
+
+def validate_tool_result_message(value: JsonLike, path: str = "message") -> Message:
+    """Rule V5: a user message whose content is exactly one tool-result block answering
+    the call named by its ``{kind:'tool', callId}`` source."""
+    message = validate_user_message(value, path)
+    if message.source["kind"] != "tool":
+        raise ValidationError(f"{path}.source.kind", "a tool-result message's source is 'tool'")
+    content = message.content
+    if len(content) != 1 or not isinstance(content[0], FrozenDict) \
+            or content[0]["type"] != "tool-result":
+        raise ValidationError(f"{path}.content", "must be exactly one tool-result block")
+    if content[0]["toolCallId"] != message.source["callId"]:
+        raise ValidationError(f"{path}.content[0].toolCallId", "must equal the source's callId")
+    return message
+
+
+# --------------------------------------------------------------------------
+# Options, placements, status, causes (rules V10–V12)
+# --------------------------------------------------------------------------
+
+Target: TypeAlias = Literal["next-turn", "next-step"]
+Placement: TypeAlias = Literal["queued", "steering"]
+InboxPlacement: TypeAlias = Placement
+PLACEMENTS: frozenset[str] = frozenset({"queued", "steering"})
+AgentStatus: TypeAlias = Literal["idle", "running"]
+AGENT_STATUSES: frozenset[str] = frozenset({"idle", "running"})
+SessionStartSource: TypeAlias = Literal["startup", "resume", "clear", "compact"]
+SESSION_START_SOURCES: frozenset[str] = frozenset({"startup", "resume", "clear", "compact"})
+CauseKind: TypeAlias = Literal["user", "parent", "disposed"]
+
+
+@dataclass(frozen=True, slots=True)
+class SendOptions:
+    """``{target, wakeup}``; both required, nothing else (rule V10)."""
+
+    target: Target
+    wakeup: bool
+
+    def __post_init__(self) -> None:
+        if self.target not in ("next-turn", "next-step"):
+            raise ValidationError("options.target",
+                                  f"{self.target!r} is not 'next-turn' or 'next-step'")
+        if not isinstance(self.wakeup, bool):
+            raise ValidationError("options.wakeup", "must be a bool")
+
+    def to_json(self) -> dict[str, JsonLike]:
+        return {"target": self.target, "wakeup": self.wakeup}
+
+    @classmethod
+    def from_json(cls, value: JsonLike, path: str = "options") -> SendOptions:
+        if isinstance(value, SendOptions):
+            return value
+        fields = _fields(value, path, "{target, wakeup}", ("target", "wakeup"))
+        try:
+            return cls(target=fields["target"], wakeup=fields["wakeup"])
+        except ValidationError as exc:
+            raise _rebase(exc, "options", path) from None
+
+
+FOLLOWUP = SendOptions("next-turn", True)
+STEER = SendOptions("next-step", True)
+INJECT = SendOptions("next-step", False)
+
+
+@dataclass(frozen=True, slots=True)
+class CancelCause:
+    """``{kind}`` with kind user, parent or disposed (rule V11)."""
+
+    kind: CauseKind
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("user", "parent", "disposed"):
+            raise ValidationError("cause.kind",
+                                  f"{self.kind!r} is not 'user', 'parent' or 'disposed'")
+
+    def to_json(self) -> dict[str, JsonLike]:
+        return {"kind": self.kind}
+
+    @classmethod
+    def from_json(cls, value: JsonLike, path: str = "cause", *,
+                  allow_disposed: bool = False) -> CancelCause:
+        if isinstance(value, CancelCause):
+            cause = value
+        elif isinstance(value, (dict, FrozenDict)) and set(value) == {"kind"}:
+            try:
+                cause = cls(kind=value["kind"])  # type: ignore[arg-type]
+            except ValidationError as exc:
+                raise ValidationError(f"{path}.kind", exc.problem) from None
+        else:
+            raise ValidationError(path, "must be {kind: 'user'} or {kind: 'parent'}")
+        if cause.kind == "disposed" and not allow_disposed:
+            raise ValidationError(f"{path}.kind", "'disposed' is reserved for dispose()")
+        return cause
+
+
+USER_CAUSE = CancelCause("user")
+PARENT_CAUSE = CancelCause("parent")
+DISPOSED_CAUSE = CancelCause("disposed")
+
+
+# --------------------------------------------------------------------------
+# Failures and errors as data (rules V14, V15)
+# --------------------------------------------------------------------------
+
+
+def _is_finite_number(value: object) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(value)
+
+
+@dataclass(frozen=True, slots=True)
+class LlmFailure:
+    """Model failure facts ``{message, code, status?, providerRetryAfterMs?, requestId?}`` (V14)."""
+
+    message: str
+    code: str
+    status: int | None = None
+    provider_retry_after_ms: int | float | None = None
+    request_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.message, str):
+            raise ValidationError("failure.message", "must be a string")
+        if not isinstance(self.code, str):
+            raise ValidationError("failure.code", "must be a string")
+        if self.status is not None and (type(self.status) is not int):
+            raise ValidationError("failure.status", "must be an integer")
+        if self.provider_retry_after_ms is not None and not _is_finite_number(
+                self.provider_retry_after_ms):
+            raise ValidationError("failure.providerRetryAfterMs", "must be a finite number")
+        if self.request_id is not None and not isinstance(self.request_id, str):
+            raise ValidationError("failure.requestId", "must be a string")
+
+    def with_message(self, message: str) -> LlmFailure:
+        return LlmFailure(message, self.code, self.status, self.provider_retry_after_ms,
+                          self.request_id)
+
+    def to_json(self) -> dict[str, JsonLike]:
+        out: dict[str, JsonLike] = {"message": self.message, "code": self.code}
+        if self.status is not None:
+            out["status"] = self.status
+        if self.provider_retry_after_ms is not None:
+            out["providerRetryAfterMs"] = self.provider_retry_after_ms
+        if self.request_id is not None:
+            out["requestId"] = self.request_id
+        return out
+
+    @classmethod
+    def from_json(cls, value: JsonLike, path: str = "failure") -> LlmFailure:
+        if isinstance(value, LlmFailure):
+            return value
+        fields = _fields(value, path, "{message, code, ...}", ("message", "code"),
+                         ("status", "providerRetryAfterMs", "requestId"))
+        try:
+            return cls(fields["message"], fields["code"], _opt(fields, "status"),
+                       _opt(fields, "providerRetryAfterMs"), _opt(fields, "requestId"))
+        except ValidationError as exc:
+            raise _rebase(exc, "failure", path) from None
+
+
+def _message_of(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # a broken __str__ must not break the classification of a failure
+        return ""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """An exception described as data (rule V15): what the environment raised.
+
+    ``causes`` are the messages of the explicit cause chain; ``failure`` makes
+    it a *model failure* (an exception carrying `LlmFailure` facts).
+    """
+
+    message: str = ""
+    name: str = "Error"
+    code: str | None = None
+    causes: tuple[str, ...] = ()
+    failure: LlmFailure | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.message, str):
+            raise ValidationError("error.message", "must be a string")
+        if not isinstance(self.name, str) or not self.name:
+            raise ValidationError("error.name", "must be a non-empty string")
+        if self.code is not None and not isinstance(self.code, str):
+            raise ValidationError("error.code", "must be a string")
+        causes = self.causes
+        if isinstance(causes, list):
+            causes = tuple(causes)
+            object.__setattr__(self, "causes", causes)
+        if not isinstance(causes, tuple) or not all(isinstance(c, str) for c in causes):
+            raise ValidationError("error.causes", "must be a list of strings")
+        if self.failure is not None and not isinstance(self.failure, LlmFailure):
+            raise ValidationError("error.failure", "must be an LlmFailure")
+
+    def rendered(self) -> str:
+        """The rendered text (reference §0.9): the own message (the class name if it is
+        empty), then ``": " + message`` for each explicit cause in turn."""
+        return ": ".join((self.message or self.name, *self.causes))
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> ErrorInfo:
+        """Describe *exc*: class name, message, ``code`` if it is a coded error, the
+        messages of its ``__cause__`` chain, and its ``failure`` if it carries one."""
+        causes: list[str] = []
+        seen = {id(exc)}
+        cur = exc.__cause__
+        while cur is not None and id(cur) not in seen:
+            seen.add(id(cur))
+            causes.append(_message_of(cur))
+            cur = cur.__cause__
+        code = getattr(exc, "code", None)
+        failure = getattr(exc, "failure", None)
+        return cls(message=_message_of(exc), name=type(exc).__name__,
+                   code=code if isinstance(code, str) else None, causes=tuple(causes),
+                   failure=failure if isinstance(failure, LlmFailure) else None)
+
+    def to_json(self) -> dict[str, JsonLike]:
+        out: dict[str, JsonLike] = {"name": self.name, "message": self.message}
+        if self.code is not None:
+            out["code"] = self.code
+        if self.causes:
+            out["causes"] = list(self.causes)
+        if self.failure is not None:
+            out["failure"] = self.failure.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, value: JsonLike, path: str = "error") -> ErrorInfo:
+        if isinstance(value, ErrorInfo):
+            return value
+        fields = _fields(value, path, "{name?, message, code?, causes?, failure?}", (),
+                         ("name", "message", "code", "causes", "failure"))
+        causes = _opt(fields, "causes", ())
+        if not isinstance(causes, (list, tuple)):
+            raise ValidationError(f"{path}.causes", "must be a list of strings")
+        failure = _opt(fields, "failure")
+        try:
+            return cls(message=_opt(fields, "message", ""), name=_opt(fields, "name", "Error"),
+                       code=_opt(fields, "code"), causes=tuple(causes),
+                       failure=None if failure is None
+                       else LlmFailure.from_json(failure, "error.failure"))
+        except ValidationError as exc:
+            raise _rebase(exc, "error", path) from None
+
+
+# --------------------------------------------------------------------------
+# Environment-supplied values (rules V16–V18, V21)
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """What a tool stage supplies (rule V16); validated when supplied.
+
+    A malformed result raises a `ValidationError` whose ``code`` is
+    ``INVALID_TOOL_RESULT`` (reference §10.9)."""
+
+    content: FrozenList
+    is_error: bool = False
+    error: FrozenDict | None = None
+    additional_contexts: tuple[Message, ...] = ()
+    concludes_turn: bool = False
+    meta: Frozen = None
+
+    def __post_init__(self) -> None:
+        try:
+            self._validate()
+        except ValidationError as exc:
+            raise _rebase(exc, "result", "result", INVALID_TOOL_RESULT) from None
+
+    def _validate(self) -> None:
+        object.__setattr__(self, "content", freeze_content(self.content, "result.content"))
+        if not isinstance(self.is_error, bool):
+            raise ValidationError("result.isError", "must be a bool")
+        if self.error is not None:
+            error = freeze(self.error, "result.error")
+            if not isinstance(error, FrozenDict) or not isinstance(error.get("name"), str):
+                raise ValidationError("result.error", "must be a mapping with a string 'name'")
+            object.__setattr__(self, "error", error)
+        contexts = self.additional_contexts
+        if not isinstance(contexts, (list, tuple)):
+            raise ValidationError("result.additionalContexts", "must be a list of user messages")
+        object.__setattr__(self, "additional_contexts", tuple(
+            validate_user_message(c, f"result.additionalContexts[{i}]")
+            for i, c in enumerate(contexts)))
+        if not isinstance(self.concludes_turn, bool):
+            raise ValidationError("result.concludesTurn", "must be a bool")
+        object.__setattr__(self, "meta", freeze(self.meta, "result.meta"))
+
+    def to_json(self) -> dict[str, JsonLike]:
+        out: dict[str, JsonLike] = {"content": thaw(self.content)}
+        if self.is_error:
+            out["isError"] = True
+        if self.error is not None:
+            out["error"] = thaw(self.error)
+        if self.additional_contexts:
+            out["additionalContexts"] = [m.to_json() for m in self.additional_contexts]
+        if self.concludes_turn:
+            out["concludesTurn"] = True
+        if self.meta is not None:
+            out["meta"] = thaw(self.meta)
+        return out
+
+    @classmethod
+    def from_json(cls, value: JsonLike, path: str = "result") -> ToolResult:
+        if isinstance(value, ToolResult):
+            return value
+        try:
+            fields = _fields(value, "result", "{content, ...}", ("content",),
+                             ("isError", "error", "additionalContexts", "concludesTurn",
+                              "meta"))
+            return cls(content=fields["content"], is_error=_opt(fields, "isError", False),
+                       error=_opt(fields, "error"),
+                       additional_contexts=_opt(fields, "additionalContexts", ()),
+                       concludes_turn=_opt(fields, "concludesTurn", False),
+                       meta=_opt(fields, "meta"))
+        except ValidationError as exc:
+            raise _rebase(exc, "result", path, INVALID_TOOL_RESULT) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Allow:
+    """``{kind:'allow', content?, additionalContexts?}`` (rule V17)."""
+
+    content: FrozenList | None = None
+    additional_contexts: tuple[Message, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.content is not None:
+            object.__setattr__(self, "content", freeze_content(self.content, "decision.content"))
+        contexts = self.additional_contexts
+        if not isinstance(contexts, (list, tuple)):
+            raise ValidationError("decision.additionalContexts",
+                                  "must be a list of user messages")
+        object.__setattr__(self, "additional_contexts", tuple(
+            validate_user_message(c, f"decision.additionalContexts[{i}]")
+            for i, c in enumerate(contexts)))
+
+    def to_json(self) -> dict[str, JsonLike]:
+        out: dict[str, JsonLike] = {"kind": "allow"}
+        if self.content is not None:
+            out["content"] = thaw(self.content)
+        if self.additional_contexts:
+            out["additionalContexts"] = [m.to_json() for m in self.additional_contexts]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """``{kind:'block', reason}`` (rule V17)."""
+
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.reason, str):
+            raise ValidationError("decision.reason", "must be a string")
+
+    def to_json(self) -> dict[str, JsonLike]:
+        return {"kind": "block", "reason": self.reason}
+
+
+PromptDecision: TypeAlias = Allow | Block
+ALLOW: Final = Allow()
+
+
+def decision_from_json(value: JsonLike, path: str = "decision") -> PromptDecision:
+    """Validate a prompt-submit result (rule V17); raises ValidationError saying what is wrong."""
+    if isinstance(value, (Allow, Block)):
+        return value
+    if not isinstance(value, (dict, FrozenDict)):
+        raise ValidationError(path, "must be {kind:'allow', ...} or {kind:'block', reason}")
+    kind = value.get("kind")
+    try:
+        if kind == "allow":
+            fields = _fields(value, "decision", "{kind:'allow', content?, additionalContexts?}",
+                             ("kind",), ("content", "additionalContexts"))
+            return Allow(content=_opt(fields, "content"),
+                         additional_contexts=_opt(fields, "additionalContexts", ()))
+        if kind == "block":
+            fields = _fields(value, "decision", "{kind:'block', reason}", ("kind", "reason"))
+            return Block(fields["reason"])
+    except ValidationError as exc:
+        raise _rebase(exc, "decision", path) from None
+    raise ValidationError(f"{path}.kind", f"{kind!r} is not 'allow' or 'block'")
+
+
+def retry_action_from_json(value: JsonLike) -> bool:
+    """Rule V21: a request-error result asks for a retry only if it is exactly
+    ``{kind:'retry'}``; any other value (None included) means no retry."""
+    return (isinstance(value, (dict, FrozenDict)) and len(value) == 1
+            and value.get("kind") == "retry")
+
+
+FINISH_KINDS = frozenset({"stop", "max-tokens", "error", "aborted"})
+
+
+def validate_chunk(value: JsonLike, path: str = "chunk") -> FrozenDict:
+    """Rule V18: a chunk is a JSON mapping with a string type; a finish chunk has a valid kind,
+    a failure when kind is error, and an optional mapping usage.
+
+    A malformed chunk raises a `ValidationError` whose ``code`` is ``INVALID_CHUNK``."""
+    try:
+        return _validate_chunk(value, path)
+    except ValidationError as exc:
+        raise _rebase(exc, path, path, INVALID_CHUNK) from None
+
+
+def _validate_chunk(value: JsonLike, path: str) -> FrozenDict:
+    chunk = freeze(value, path)
+    if not isinstance(chunk, FrozenDict) or not isinstance(chunk.get("type"), str):
+        raise ValidationError(path, "must be a mapping with a string 'type'")
+    if chunk["type"] == "finish":
+        kind = chunk.get("kind")
+        if kind not in FINISH_KINDS:
+            raise ValidationError(f"{path}.kind",
+                                  f"{kind!r} is not stop, max-tokens, error or aborted")
+        if "usage" in chunk and not isinstance(chunk["usage"], FrozenDict):
+            raise ValidationError(f"{path}.usage", "must be a mapping")
+        if kind == "error" and "failure" not in chunk:
+            raise ValidationError(f"{path}.failure", "is required for an error finish")
+        if "failure" in chunk:
+            LlmFailure.from_json(chunk["failure"], f"{path}.failure")
+    return chunk
+
+
+# --------------------------------------------------------------------------
+# Loop-written records: triggers and reasons (rules V13, V19, V20).
+# Their decoders accept exactly the documented field sets (no nulls).
+# --------------------------------------------------------------------------
+
+TriggerKind: TypeAlias = Literal["message", "retry", "injection"]
+TRIGGER_KINDS: frozenset[str] = frozenset({"message", "retry", "injection"})
+
+
+@dataclass(frozen=True, slots=True)
+class TurnTrigger:
+    """Why a turn opened (rule V13): ``{kind:'message', source}``, ``{kind:'retry'}`` or
+    the reserved ``{kind:'injection', source}``."""
+
+    kind: TriggerKind
+    source: FrozenDict | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, str) or self.kind not in TRIGGER_KINDS:
+            raise ValidationError("trigger.kind",
+                                  f"{self.kind!r} is not 'message', 'retry' or 'injection'")
+        if self.kind == "retry":
+            if self.source is not None:
+                raise ValidationError("trigger.source", "a retry trigger has no source")
+        elif self.source is None:
+            raise ValidationError("trigger.source", f"is required for a {self.kind!r} trigger")
+        else:
+            object.__setattr__(self, "source", freeze_source(self.source, "trigger.source"))
+
+    @classmethod
+    def for_message(cls, source: Mapping[str, JsonLike]) -> TurnTrigger:
+        """The trigger of a prompt turn: the claimed prompt's source."""
+        return cls("message", source)  # type: ignore[arg-type]
+
+    def to_json(self) -> dict[str, JsonLike]:
+        out: dict[str, JsonLike] = {"kind": self.kind}
+        if self.source is not None:
+            out["source"] = thaw(self.source)
+        return out
+
+    @classmethod
+    def from_json(cls, value: JsonLike, path: str = "trigger") -> TurnTrigger:
+        if isinstance(value, TurnTrigger):
+            return value
+        try:
+            kind = value.get("kind") if isinstance(value, (dict, FrozenDict)) else None
+            if kind == "retry":
+                fields = _fields(value, "trigger", "{kind:'retry'}", ("kind",))
+            else:
+                fields = _fields(value, "trigger", "{kind, source}", ("kind", "source"))
+            return cls(fields["kind"], fields.get("source"))
+        except ValidationError as exc:
+            raise _rebase(exc, "trigger", path) from None
+
+
+RETRY_TRIGGER: Final = TurnTrigger("retry")
+
+TurnEndKind: TypeAlias = Literal["completed", "aborted", "error", "disposed", "max-tokens",
+                                 "interrupted"]
+TURN_END_KINDS: frozenset[str] = frozenset({"completed", "aborted", "error", "disposed",
+                                            "max-tokens", "interrupted"})
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEndReason:
+    """The durable reason of ``turn/end`` (rule V19).
+
+    Every kind but ``error`` carries no other field. An ``error`` reason has a
+    ``step`` (0 when no step began) and either a ``failure`` (a final request
+    failure) or a ``message`` (the rendered text) with an optional ``code``.
+    """
+
+    kind: TurnEndKind
+    step: int | None = None
+    failure: LlmFailure | None = None
+    message: str | None = None
+    code: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, str) or self.kind not in TURN_END_KINDS:
+            raise ValidationError("reason.kind", f"{self.kind!r} is not a turn-end reason kind")
+        if self.kind != "error":
+            for name, item in (("step", self.step), ("failure", self.failure),
+                               ("message", self.message), ("code", self.code)):
+                if item is not None:
+                    raise ValidationError(f"reason.{name}",
+                                          f"is not allowed on a {self.kind!r} reason")
+            return
+        if type(self.step) is not int or self.step < 0:
+            raise ValidationError("reason.step", "must be a non-negative integer")
+        if self.failure is not None:
+            if not isinstance(self.failure, LlmFailure):
+                raise ValidationError("reason.failure", "must be an LlmFailure")
+            for name, item in (("message", self.message), ("code", self.code)):
+                if item is not None:
+                    raise ValidationError(f"reason.{name}",
+                                          "is not allowed beside a failure")
+            return
+        if not isinstance(self.message, str):
+            raise ValidationError("reason.message",
+                                  "an error reason needs a failure or a string message")
+        if self.code is not None and not isinstance(self.code, str):
+            raise ValidationError("reason.code", "must be a string")
+
+    @classmethod
+    def request_failure(cls, step: int, failure: LlmFailure) -> TurnEndReason:
+        """``{kind:'error', step, failure}``: a final request failure."""
+        return cls("error", step=step, failure=failure)
+
+    @classmethod
+    def failed(cls, step: int, message: str, code: str | None = None) -> TurnEndReason:
+        """``{kind:'error', step, message, code?}``: any other failure."""
+        return cls("error", step=step, message=message, code=code)
+
+    def to_json(self) -> dict[str, JsonLike]:
+        out: dict[str, JsonLike] = {"kind": self.kind}
+        if self.kind == "error":
+            out["step"] = self.step
+            if self.failure is not None:
+                out["failure"] = self.failure.to_json()
+            else:
+                out["message"] = self.message
+                if self.code is not None:
+                    out["code"] = self.code
+        return out
+
+    @classmethod
+    def from_json(cls, value: JsonLike, path: str = "reason") -> TurnEndReason:
+        if isinstance(value, TurnEndReason):
+            return value
+        try:
+            kind = value.get("kind") if isinstance(value, (dict, FrozenDict)) else None
+            if kind != "error":
+                fields = _fields(value, "reason", "{kind}", ("kind",))
+                return cls(fields["kind"])
+            if isinstance(value, (dict, FrozenDict)) and "failure" in value:
+                fields = _fields(value, "reason", "{kind:'error', step, failure}",
+                                 ("kind", "step", "failure"))
+                return cls("error", step=fields["step"],
+                           failure=LlmFailure.from_json(fields["failure"], "reason.failure"))
+            fields = _fields(value, "reason", "{kind:'error', step, message, code?}",
+                             ("kind", "step", "message"), ("code",))
+            if "code" in fields and fields["code"] is None:
+                raise ValidationError("reason.code", "must be a string when present")
+            return cls("error", step=fields["step"], message=fields["message"],
+                       code=fields.get("code"))
+        except ValidationError as exc:
+            raise _rebase(exc, "reason", path) from None
+
+
+END_COMPLETED: Final = TurnEndReason("completed")
+END_ABORTED: Final = TurnEndReason("aborted")
+END_DISPOSED: Final = TurnEndReason("disposed")
+END_MAX_TOKENS: Final = TurnEndReason("max-tokens")
+END_INTERRUPTED: Final = TurnEndReason("interrupted")
+
+SettleKind: TypeAlias = Literal["completed", "aborted", "error"]
+SETTLE_KINDS: frozenset[str] = frozenset({"completed", "aborted", "error"})
+
+
+@dataclass(frozen=True, slots=True)
+class SettleReason:
+    """How a chain settled (rule V20): ``{kind:'completed'}``, ``{kind:'aborted'}`` or
+    ``{kind:'error', error, failure?}`` with the error described as data."""
+
+    kind: SettleKind
+    error: ErrorInfo | None = None
+    failure: LlmFailure | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, str) or self.kind not in SETTLE_KINDS:
+            raise ValidationError("reason.kind",
+                                  f"{self.kind!r} is not 'completed', 'aborted' or 'error'")
+        if self.kind != "error":
+            for name, item in (("error", self.error), ("failure", self.failure)):
+                if item is not None:
+                    raise ValidationError(f"reason.{name}",
+                                          f"is not allowed on a {self.kind!r} reason")
+            return
+        if not isinstance(self.error, ErrorInfo):
+            raise ValidationError("reason.error", "an error reason needs an ErrorInfo")
+        if self.failure is not None and not isinstance(self.failure, LlmFailure):
+            raise ValidationError("reason.failure", "must be an LlmFailure")
+
+    def to_json(self) -> dict[str, JsonLike]:
+        out: dict[str, JsonLike] = {"kind": self.kind}
+        if self.error is not None:
+            out["error"] = self.error.to_json()
+        if self.failure is not None:
+            out["failure"] = self.failure.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, value: JsonLike, path: str = "reason") -> SettleReason:
+        if isinstance(value, SettleReason):
+            return value
+        try:
+            kind = value.get("kind") if isinstance(value, (dict, FrozenDict)) else None
+            if kind != "error":
+                fields = _fields(value, "reason", "{kind}", ("kind",))
+                return cls(fields["kind"])
+            fields = _fields(value, "reason", "{kind:'error', error, failure?}",
+                             ("kind", "error"), ("failure",))
+            failure = fields.get("failure", ...)
+            if failure is None:
+                raise ValidationError("reason.failure", "must be a mapping when present")
+            return cls("error", error=ErrorInfo.from_json(fields["error"], "reason.error"),
+                       failure=None if failure is ...
+                       else LlmFailure.from_json(failure, "reason.failure"))
+        except ValidationError as exc:
+            raise _rebase(exc, "reason", path) from None
+
+
+SETTLE_COMPLETED: Final = SettleReason("completed")
+SETTLE_ABORTED: Final = SettleReason("aborted")

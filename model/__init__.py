@@ -1,0 +1,1 @@
+"""The reference model: an independent, deliberately plain reading of ``specs/``."""
