@@ -28,6 +28,7 @@ from machine.vocabulary import (
     Message,
     SendOptions,
     ToolResult,
+    plugin_source,
     user_message,
 )
 
@@ -36,5 +37,5 @@ __all__ = [
     "CoreConfig", "DisposedError", "Durable", "Effect", "ErrorInfo", "Event", "InvariantError",
     "Live", "LiveEvent", "LlmFailure", "Message", "NotJsonCompatibleError", "Output",
     "ProtocolError", "SendOptions", "SessionLog", "ToolResult", "TurnstileError",
-    "ValidationError", "user_message",
+    "ValidationError", "plugin_source", "user_message",
 ]

@@ -181,9 +181,11 @@ class LiveEvent:
             raise CodecError(path, "must be an object with a string 'type'")
         payload = {k: v for k, v in value.items() if k != "type"}
         try:
-            frozen = freeze(payload, path)
-            return cls(value["type"], frozen)  # type: ignore[arg-type]
+            return cls(value["type"], payload)  # type: ignore[arg-type]
         except ValidationError as exc:
-            if exc.path.startswith("live.payload"):
-                raise CodecError(path + exc.path[len("live.payload"):], exc.problem) from None
-            raise _rebase_codec(exc, "live", path) from None
+            where = exc.path
+            for prefix in ("live.payload", "live"):
+                if where == prefix or where.startswith((prefix + ".", prefix + "[")):
+                    where = path + where[len(prefix):]
+                    break
+            raise CodecError(where, exc.problem) from None

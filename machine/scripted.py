@@ -71,7 +71,7 @@ def calls_reply(*calls: tuple[str, str] | tuple[str, str, str], text: str | None
     if text is not None:
         chunks.append({"type": "text", "text": text})
     for call in calls:
-        arguments = call[2] if len(call) > 2 else "{}"  # type: ignore[misc]
+        arguments = call[2] if len(call) > 2 else "{}"
         chunks.append({"type": "tool-call", "id": call[0], "name": call[1], "arguments": arguments})
     chunks.append({"type": "finish", "kind": finish})
     return chunks

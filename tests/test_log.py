@@ -350,15 +350,19 @@ def test_L4_turn_end_requires_no_open_step() -> None:
     rejected(log, "L4", "step 1.1 is still open", lambda: turn_end(log, 1))
 
 
-@pytest.mark.parametrize("kind", ["completed", "aborted", "error", "disposed", "max-tokens",
-                                  "interrupted"])
-def test_L4_turn_end_reason_kinds(kind: str) -> None:
+@pytest.mark.parametrize("reason", [
+    {"kind": "completed"}, {"kind": "aborted"}, {"kind": "disposed"}, {"kind": "max-tokens"},
+    {"kind": "interrupted"}, {"kind": "error", "step": 1, "message": "boom", "code": "X"},
+    {"kind": "error", "step": 0, "failure": {"message": "overloaded", "code": "HTTP_529"}},
+])
+def test_L4_turn_end_reason_kinds(reason: dict[str, Any]) -> None:
     log = new_log()
     turn_start(log, 1)
-    turn_end(log, 1, kind)
+    assert log.append("turn/end", {"turn": 1, "reason": reason}).data["reason"] == reason
 
 
-@pytest.mark.parametrize("reason", [None, "completed", {"kind": "done"}, {}])
+@pytest.mark.parametrize("reason", [None, "completed", {"kind": "done"}, {},
+                                    {"kind": "aborted", "step": 1}, {"kind": "error"}])
 def test_L4_turn_end_rejects_a_malformed_reason(reason: Any) -> None:
     log = new_log()
     turn_start(log, 1)
@@ -628,7 +632,8 @@ def test_L10_registered_rule_is_enforced() -> None:
              lambda: log.append("compact/start", {"k": 1}))
     turn_start(log, 1)
     log.append("compact/start", {"k": 2})
-    assert seen[-1] == (1, "compact/start", {"k": 2})
+    length, type_, data = seen[-1]
+    assert (length, type_) == (1, "compact/start") and data == {"k": 2}
 
 
 def test_L10_core_rules_cannot_be_overridden() -> None:
@@ -737,7 +742,12 @@ def test_L12_deliveries_are_strictly_in_seq_order() -> None:
 def test_L12_a_rejected_nested_append_is_contained_like_any_observer_failure() -> None:
     log = new_log()
     seen: list[int] = []
-    log.subscribe(lambda e: turn_start(log, 5) if e.seq == 0 else None)
+
+    def start_a_wrong_turn(event: Event) -> None:
+        if event.seq == 0:
+            turn_start(log, 5)  # rejected: expected turn 1
+
+    log.subscribe(start_a_wrong_turn)
     log.subscribe(lambda e: seen.append(e.seq))
     user(log, "a")
     assert len(log) == 1 and seen == [0]
@@ -957,7 +967,9 @@ class LogBuilder:
         return self.log
 
     def start_turn(self, choice: int) -> None:
-        trigger = [{"kind": "message", "source": {"kind": "user"}}, {"kind": "retry"}][choice % 2]
+        triggers: list[dict[str, Any]] = [{"kind": "message", "source": {"kind": "user"}},
+                                          {"kind": "retry"}]
+        trigger = triggers[choice % 2]
         turn_start(self.log, self.log.last_turn + 1, trigger)
 
     def end_turn(self, choice: int) -> None:

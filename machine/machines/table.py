@@ -69,7 +69,8 @@ def step(table: Table, machine_name: str, state: str, trigger: str,
     try:
         alternatives = table[(state, trigger)]
     except KeyError:
-        raise TransitionError(f"{machine_name}: trigger {trigger!r} is not allowed in state {state!r}") from None
+        raise TransitionError(
+            f"{machine_name}: trigger {trigger!r} is not allowed in state {state!r}") from None
     for need, unless, dest in alternatives:
         if guards is None:
             if not need and not unless:
@@ -82,7 +83,8 @@ def step(table: Table, machine_name: str, state: str, trigger: str,
 
 def to_dot(name: str, states: Sequence[str], initial: str, table: Table) -> str:
     """Graphviz DOT source for a compiled table (deterministic, for the checked-in diagrams)."""
-    lines = [f'digraph "{name}" {{', "  rankdir=LR;", '  node [shape=box, style=rounded, fontname="Helvetica"];',
+    lines = [f'digraph "{name}" {{', "  rankdir=LR;",
+             '  node [shape=box, style=rounded, fontname="Helvetica"];',
              '  edge [fontname="Helvetica", fontsize=10];', '  __start [shape=point];',
              f'  __start -> "{initial}";']
     for state in states:
