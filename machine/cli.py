@@ -8,6 +8,18 @@ sub-parser and runs from the parsed arguments. To add one, write a
 session invariants (``specs/log.md``). Exit status: 0 when every file is a
 valid log, 1 when some file is invalid or malformed, 2 for usage errors and
 unreadable files (the worst status wins).
+
+``turnstile log show|repair|fork TARGET`` inspect, repair and fork stored
+sessions (``machine.store.cli``, ``specs/persistence.md``).
+
+``turnstile diagrams [--write DIR | --check DIR]`` prints, writes or checks
+the machines' DOT diagrams and transition tables (``machine.diagrams``):
+``--check`` exits 1 naming every stale file.
+
+``turnstile run SCRIPT.json [--echo-inputs]`` runs a script of inputs through
+the core and prints every output as one JSON line (``machine.runner``,
+``specs/scripts.md``); a malformed or refused script exits 2 with a message
+on stderr.
 """
 
 from __future__ import annotations
@@ -20,9 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, TextIO
 
+from machine import diagrams, runner
 from machine.errors import ValidationError
 from machine.events import TURN_END, TURN_START, Event
 from machine.log import validate_events
+from machine.store import cli as store_cli
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
 
@@ -128,6 +142,7 @@ def _log_validate(args: argparse.Namespace, out: TextIO) -> int:
 
 _LOG_SUBCOMMANDS: Final[dict[str, Callable[[argparse.Namespace, TextIO], int]]] = {
     "validate": _log_validate,
+    **store_cli.LOG_SUBCOMMANDS,  # show, repair, fork: stored sessions (specs/persistence.md)
 }
 
 
@@ -138,10 +153,86 @@ def _configure_log(parser: argparse.ArgumentParser) -> None:
         description="Replay each FILE (one session event as JSON per line) through the "
                     "session-log rules L1-L14 and print one verdict line per file.")
     validate.add_argument("files", nargs="+", metavar="FILE", help="a JSONL session log")
+    store_cli.configure(subcommands)
 
 
 def _run_log(args: argparse.Namespace) -> int:
     return _LOG_SUBCOMMANDS[args.log_command](args, sys.stdout)
+
+
+# --------------------------------------------------------------------------
+# turnstile diagrams ...
+# --------------------------------------------------------------------------
+
+
+def _configure_diagrams(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Generate the machines' Graphviz DOT diagrams and Markdown transition "
+                          "tables from their declarations. Without options, print the DOT sources.")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", metavar="DIR", help="write <machine>.dot and refresh the table "
+                      "in <machine>.md under DIR")
+    mode.add_argument("--check", metavar="DIR", help="exit 1 naming every file under DIR that is "
+                      "out of date with the code")
+
+
+def _run_diagrams(args: argparse.Namespace) -> int:
+    if args.check is not None:
+        if not Path(args.check).is_dir():
+            print(f"{args.check}: no such directory", file=sys.stderr)
+            return EXIT_USAGE
+        problems = diagrams.check(args.check)
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        if problems:
+            print("run `make diagrams` (or `turnstile diagrams --write DIR`) to regenerate",
+                  file=sys.stderr)
+            return EXIT_INVALID
+        print(f"{args.check}: diagrams up to date")
+        return EXIT_OK
+    if args.write is not None:
+        try:
+            changed = diagrams.write(args.write)
+        except (OSError, ValueError) as error:
+            print(f"{args.write}: {error}", file=sys.stderr)
+            return EXIT_USAGE
+        for path in changed:
+            print(f"wrote {path}")
+        return EXIT_OK
+    sys.stdout.write("".join(diagrams.dot_sources().values()))
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------
+# turnstile run SCRIPT.json
+# --------------------------------------------------------------------------
+
+
+def _configure_run(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Run a script of inputs (specs/scripts.md) through the core and print "
+                          "every output as one JSON line. Exit status 2 when the script is "
+                          "malformed, a 'when' pattern is never matched, an effect selector "
+                          "matches nothing, or the core refuses an input.")
+    parser.add_argument("script", metavar="SCRIPT.json", help="the script to run")
+    parser.add_argument("--echo-inputs", action="store_true",
+                        help="also print each input as it is applied, as {\"in\": ...}")
+
+
+def _run_run(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    try:
+        script = runner.load_script(args.script)
+        for value in runner.run_script(script, echo_inputs=args.echo_inputs):
+            out.write(json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n")
+    except runner.ScriptError as error:
+        out.flush()
+        print(f"turnstile run: {args.script}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as error:  # a bug in turnstile: still a message, not a traceback
+        out.flush()
+        print(f"turnstile run: {args.script}: internal error (please report): "
+              f"{type(error).__name__}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK
 
 
 # --------------------------------------------------------------------------
@@ -150,6 +241,10 @@ def _run_log(args: argparse.Namespace) -> int:
 
 COMMANDS: Final[dict[str, Command]] = {
     "log": Command(help="session log tools", configure=_configure_log, run=_run_log),
+    "diagrams": Command(help="machine diagrams and transition tables",
+                        configure=_configure_diagrams, run=_run_diagrams),
+    "run": Command(help="run a JSON script of inputs through the core",
+                   configure=_configure_run, run=_run_run),
 }
 
 

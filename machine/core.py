@@ -206,6 +206,7 @@ class _CancelRequested:
 @dataclass(slots=True)
 class _EffectRecord:
     kind: str
+    payload: FrozenDict
     released: bool = False
 
 
@@ -372,9 +373,23 @@ class AgentCore:
     def disposed(self) -> bool:
         return self._disposed
 
+    def queued_ids(self) -> tuple[str, ...]:
+        """Ids of the queued inbox items, FIFO order."""
+        return tuple(message_id for message_id, _ in self.inbox.snapshot())
+
+    def staged(self) -> tuple[tuple[str, bool], ...]:
+        """(message id, is_steering) of the staged outbox items, FIFO order."""
+        return self.outbox.snapshot()
+
     @property
     def outstanding_effects(self) -> tuple[int, ...]:
+        """Ids of the effects requested and not yet completed, in request order."""
         return tuple(self._effects)
+
+    def outstanding(self) -> tuple[Effect, ...]:
+        """The outstanding effect requests (without the model history view)."""
+        return tuple(Effect(effect_id, record.kind, record.payload)
+                     for effect_id, record in self._effects.items())
 
     def signal_reason(self, signal: int) -> CancelCause | None:
         """The abort reason of the current controller if it has this signal id."""
@@ -432,23 +447,32 @@ class AgentCore:
             raise DisposedError("the agent is disposed; only dispose() may be called")
 
     def _route(self, message: Message, options: SendOptions) -> None:
+        retro = self._retro
+        cleared = retro is not None and retro.inbox_slot is not None
         if options.target == "next-step" and not options.wakeup:
             if self.window.is_open:                     # R5.2: staged, nothing emitted
-                self.outbox.stage(message, False)
+                if cleared:                             # P7: cleared by the same cancel
+                    assert retro is not None and retro.context_slot is not None
+                    retro.context_slot.messages.append(message)
+                else:
+                    self.outbox.stage(message, False)
             else:                                       # R5.2 / D4: appended at once
                 self._emit(Durable(self.log.commit(ev.USER_MESSAGE, message, surface_op=APPEND)))
-        else:
-            steering = options.target == "next-step" and self.window.is_open   # R5.3
-            if steering:
+            return
+        steering = options.target == "next-step" and self.window.is_open   # R5.3
+        if steering:
+            if not cleared:
                 self.outbox.stage(message, True)
-            else:
+        else:
+            if not cleared:
                 self.inbox.enqueue(message, options.wakeup)
-                if options.wakeup:
-                    self._request_wake()                # R5.4: before the enqueue notice
-            self._emit_live(ev.INBOX_ENQUEUE, message=frozen_message(message),
-                            placement="steering" if steering else "queued")
-        if self._retro is not None:
-            self._clear_into(self._retro.inbox_slot, self._retro.context_slot)
+            if options.wakeup:
+                self._request_wake()                    # R5.4: before the enqueue notice
+        self._emit_live(ev.INBOX_ENQUEUE, message=frozen_message(message),
+                        placement="steering" if steering else "queued")
+        if cleared:                                     # P7: reported by the same cancel
+            assert retro is not None and retro.inbox_slot is not None
+            retro.inbox_slot.messages.append(message)
 
     def _request_wake(self) -> None:
         """R6.1: ignored while busy or while a wake is pending."""
@@ -464,6 +488,10 @@ class AgentCore:
                      or (not keep and (len(self.inbox) > 0 or len(self.outbox) > 0)))
         if not effective:                               # R16.1: a no-op arms nothing
             return
+        # P7: a cancel issued while an earlier cancel-requested is delivered queues after
+        # everything already queued (so nothing is reported discarded before it is
+        # announced), and ends that earlier cancel's retroactive window.
+        self._retro = None
         inbox_slot = _DiscardSlot(ev.INBOX_DISCARD) if not keep else None
         context_slot = _DiscardSlot(ev.CONTEXT_DISCARD) if not keep else None
         if cause.kind != "disposed":                    # R16.2 step 1
@@ -662,7 +690,7 @@ class AgentCore:
                     history: Sequence[Message] | None = None) -> Effect:
         effect_id = self._next_effect
         self._next_effect += 1
-        self._effects[effect_id] = _EffectRecord(kind)
+        self._effects[effect_id] = _EffectRecord(kind, payload)
         return Effect(effect_id, kind, payload, history)
 
     def _release(self, effect_id: int) -> Control | None:
@@ -905,7 +933,7 @@ class AgentCore:
         try:
             frozen_system = freeze(system, "system")
         except ValidationError as bad_system:
-            raise _Failure(ErrorInfo(str(bad_system), "InvalidSystemPrompt", "INVALID_SYSTEM_PROMPT"),
+            raise _Failure(ErrorInfo(str(bad_system), "InvalidSystemPromptError", "INVALID_SYSTEM_PROMPT"),
                            code="INVALID_SYSTEM_PROMPT") from None
         self._check_signal()
         self.lifecycle.fire("request")
@@ -1101,7 +1129,11 @@ class AgentCore:
             in_flight: dict[int, _Call] = {}       # execute effect id -> call
             commit_from = next_start
             while True:
-                # Start calls up to the limit (R10.2, R10.3).
+                # R10.2: on each settlement first commit what is committable, then start
+                # new calls up to the limit (and commit results their prepare produced).
+                done, commit_from, failed_at = yield from self._commit_ready(
+                    calls, commit_from, next_start, failed_at)
+                concluded = concluded or done
                 while (group_open and failed_at is None and not ctrl.aborted
                        and len(in_flight) < limit and next_start < len(calls)):
                     call = calls[next_start]
@@ -1109,21 +1141,14 @@ class AgentCore:
                         group_open = False
                         break
                     next_start += 1
-                    yield from self._start_call(call, in_flight)
+                    yield from self._start_call(call, in_flight)        # R10.3
                     if call.outcome == "failed" and (failed_at is None or call.index < failed_at):
                         failed_at = call.index
                     if not pool:
                         group_open = False
-                # Commit what is committable, in model order (R10.4).
-                while commit_from < next_start and (failed_at is None or commit_from < failed_at):
-                    call = calls[commit_from]
-                    if call.outcome in ("pending", "running"):
-                        break
-                    concluded = (yield from self._commit_call(call)) or concluded
-                    if call.outcome == "failed":
-                        failed_at = call.index
-                        break
-                    commit_from += 1
+                done, commit_from, failed_at = yield from self._commit_ready(
+                    calls, commit_from, next_start, failed_at)
+                concluded = concluded or done
                 if not in_flight:
                     if (failed_at is not None or ctrl.aborted or not group_open
                             or next_start >= len(calls)):
@@ -1161,6 +1186,25 @@ class AgentCore:
                 yield call_event
                 yield self._tool_result(call, ABD_ERROR, ABD_TEXT)
         return concluded
+
+    def _commit_ready(self, calls: list[_Call], commit_from: int, next_start: int,
+                      failed_at: int | None,
+                      ) -> Generator[Output | _Wait, _Mail | None, tuple[bool, int, int | None]]:
+        """R10.4: commit settled calls in model order, up to the first unsettled or failed one.
+
+        Returns (some result concluded the turn, next uncommitted index, first failed index).
+        """
+        concluded = False
+        while commit_from < next_start and (failed_at is None or commit_from < failed_at):
+            call = calls[commit_from]
+            if call.outcome in ("pending", "running"):
+                break
+            concluded = (yield from self._commit_call(call)) or concluded
+            if call.outcome == "failed":
+                failed_at = call.index
+                break
+            commit_from += 1
+        return concluded, commit_from, failed_at
 
     def _call_data(self, call: _Call) -> dict[str, Frozen]:
         return {"turn": self._turn, "step": self._step, "callId": call.call_id,

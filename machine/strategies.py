@@ -372,7 +372,7 @@ def _live_payloads(kind: str) -> st.SearchStrategy[dict[str, Any]]:
         ERROR: st.fixed_dictionaries(
             {"turn": turns, "step": st.integers(min_value=0, max_value=20),
              "error": error_infos().map(ErrorInfo.to_json)}),
-        WARNING: st.fixed_dictionaries({"message": _text()}),
+        WARNING: st.fixed_dictionaries({"text": _text()}),
         SESSION_START: st.fixed_dictionaries(
             {"source": st.sampled_from(["startup", "resume"])}),
     }

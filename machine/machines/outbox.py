@@ -33,7 +33,7 @@ ROWS: Final = (
     Row("take", "steering", "empty", guards=("rest_empty",)),
     Row("take", "steering", "steering", guards=("rest_has_steering",)),
     Row("take", "steering", "contexts"),
-    # R16.2 (cancel) and R7.10 (rejected-admission context append) empty it.
+    # R16.2: a cancel empties it (the rejected-admission append of R7.10 takes items one by one).
     Row("clear", "empty", "empty"),
     Row("clear", "contexts", "empty"),
     Row("clear", "steering", "empty"),

@@ -73,9 +73,10 @@ def step(table: Table, machine_name: str, state: str, trigger: str,
             f"{machine_name}: trigger {trigger!r} is not allowed in state {state!r}") from None
     for need, unless, dest in alternatives:
         if guards is None:
-            if not need and not unless:
-                return dest
-            continue
+            if need or unless:
+                raise TransitionError(f"{machine_name}: {trigger!r} in {state!r} is guarded; "
+                                      "the guard values are required")
+            return dest
         if all(guards[g] for g in need) and not any(guards[g] for g in unless):
             return dest
     raise TransitionError(f"{machine_name}: no guard of {trigger!r} holds in state {state!r}")

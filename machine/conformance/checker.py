@@ -1,0 +1,215 @@
+"""Run vectors against an implementation and report the first divergence.
+
+`run_vector` applies a vector's steps to a `Subject` in order: an input step
+is fed (and must be accepted, or refused the way the step says), an output
+step is compared with the next pulled output (strictly, except for the
+step's loose fields), ``{"out": "none"}`` requires that nothing is pulled.
+The first step that does not hold is the *divergence*; `format_outcome`
+renders it with the inputs up to that point, the expected and the actual
+output, and the rules the vector covers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from machine.conformance import jsoncmp
+from machine.conformance.subjects import Subject
+from machine.conformance.vectors import Step, Vector
+
+__all__ = ["Divergence", "Outcome", "PortFailure", "format_outcome", "format_summary", "run_vector"]
+
+SHOWN_INPUTS: Final = 25
+NONE: Final = {"out": "none"}
+
+
+class PortFailure(Exception):
+    """The port broke the adapter protocol (bad reply, timeout, exit); it must be restarted."""
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    index: int                       # the step that did not hold (0-based)
+    expected: str                    # what the vector says, rendered
+    actual: str                      # what the implementation did, rendered
+    difference: str | None = None    # where two outputs differ
+
+
+@dataclass(slots=True)
+class Outcome:
+    vector: Vector
+    status: Literal["passed", "failed", "skipped", "error"]
+    divergence: Divergence | None = None
+    reason: str | None = None        # skip reason, or the port failure
+    index: int | None = None         # for a port failure: the step being run
+    steps_run: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _expect_raise(step: Step) -> str:
+    return "accepted" if step.raises is None else f"refused with a {step.raises} error"
+
+
+def run_vector(vector: Vector, subject: Subject) -> Outcome:
+    """Run one vector; a `PortFailure` is turned into an ``error`` outcome."""
+    steps = vector.steps
+    index = 0
+    try:
+        subject.start(vector.id, vector.config, vector.seed)
+        count = len(steps)
+        while index < count:
+            step = steps[index]
+            if step.kind == "in":
+                refused = subject.feed(step.value)
+                got = None if refused is None else refused[0]
+                if got != step.raises:
+                    actual = "accepted" if refused is None else \
+                        f"refused with a {refused[0]} error: {refused[1]}"
+                    return Outcome(vector, "failed", Divergence(index, _expect_raise(step), actual),
+                                   steps_run=index)
+                index += 1
+                continue
+            run_end = index
+            while run_end < count and steps[run_end].kind == "out":
+                run_end += 1
+            pulled = subject.pull(run_end - index)
+            for offset in range(run_end - index):
+                expected_step = steps[index + offset]
+                output = pulled[offset] if offset < len(pulled) else None
+                divergence = _compare(index + offset, expected_step, output)
+                if divergence is not None:
+                    return Outcome(vector, "failed", divergence, steps_run=index + offset)
+                if output is None:
+                    break
+            index = run_end
+    except PortFailure as failure:
+        return Outcome(vector, "error", reason=str(failure), index=index, steps_run=index)
+    return Outcome(vector, "passed", steps_run=len(steps))
+
+
+def _compare(index: int, step: Step, actual: dict[str, Any] | None) -> Divergence | None:
+    expected = step.value
+    if expected.get("out") == "none":
+        if actual is None:
+            return None
+        return Divergence(index, "no output now (the implementation waits for an input)",
+                          jsoncmp.render(actual, 10_000))
+    if actual is None:
+        return Divergence(index, jsoncmp.render(expected, 10_000),
+                          "no output (the implementation waits for an input)")
+    if actual.get("out") == "event" and "time" in actual:
+        actual = {k: v for k, v in actual.items() if k != "time"}
+    if not step.loose and jsoncmp.same(expected, actual):
+        return None
+    difference = jsoncmp.first_difference(expected, actual, step.loose)
+    if difference is None:
+        return None
+    return Divergence(index, jsoncmp.render(expected, 10_000), jsoncmp.render(actual, 10_000),
+                      str(difference))
+
+
+# --------------------------------------------------------------------------
+# Reports
+# --------------------------------------------------------------------------
+
+
+def _where(vector: Vector, index: int) -> str:
+    line = vector.line(index)
+    return f"step {index + 1}" + (f" (line {line})" if line else "")
+
+
+def _short(value: dict[str, Any], limit: int = 160) -> str:
+    return jsoncmp.render(value, limit)
+
+
+def format_outcome(outcome: Outcome) -> list[str]:
+    """The report lines of one failed or errored outcome (empty for the others)."""
+    vector = outcome.vector
+    if outcome.status not in ("failed", "error"):
+        return []
+    head = "FAIL" if outcome.status == "failed" else "ERROR"
+    lines = [f"{head} {vector.id} ({vector.path})",
+             f"  title: {vector.title}",
+             f"  rules: {', '.join(vector.rules)}"]
+    if outcome.status == "error":
+        where = _where(vector, outcome.index) if outcome.index is not None \
+            and outcome.index < len(vector.steps) else "the start"
+        lines.append(f"  port failure at {where}: {outcome.reason}")
+        return lines
+    divergence = outcome.divergence
+    assert divergence is not None
+    step = vector.steps[divergence.index]
+    what = "input" if step.kind == "in" else "output"
+    lines.append(f"  first divergence at {_where(vector, divergence.index)}, an {what} step")
+    lines.extend(_inputs_so_far(vector, divergence.index))
+    if step.kind == "out":
+        last = _last_output(vector, divergence.index)
+        if last is not None:
+            lines.append(f"  last matching output ({_where(vector, last)}): "
+                         f"{_short(vector.steps[last].value)}")
+    else:
+        lines.append(f"  input: {_short(step.value, 400)}")
+    lines.append(f"  expected: {divergence.expected}")
+    lines.append(f"  actual:   {divergence.actual}")
+    if divergence.difference is not None:
+        lines.append(f"  difference {divergence.difference}")
+    return lines
+
+
+def _inputs_so_far(vector: Vector, index: int) -> list[str]:
+    inputs = [i for i in range(index) if vector.steps[i].kind == "in"]
+    if not inputs:
+        return ["  inputs up to that point: none"]
+    lines = ["  inputs up to that point:"]
+    if len(inputs) > SHOWN_INPUTS:
+        lines.append(f"    ({len(inputs) - SHOWN_INPUTS} earlier inputs not shown)")
+        inputs = inputs[-SHOWN_INPUTS:]
+    for i in inputs:
+        step = vector.steps[i]
+        suffix = f"  -> refused ({step.raises})" if step.raises else ""
+        lines.append(f"    {_where(vector, i)}: {_short(step.value)}{suffix}")
+    return lines
+
+
+def _last_output(vector: Vector, index: int) -> int | None:
+    for i in range(index - 1, -1, -1):
+        step = vector.steps[i]
+        if step.kind == "out" and step.value.get("out") != "none":
+            return i
+    return None
+
+
+def format_summary(outcomes: Sequence[Outcome]) -> str:
+    passed = sum(o.status == "passed" for o in outcomes)
+    failed = sum(o.status in ("failed", "error") for o in outcomes)
+    skipped = sum(o.status == "skipped" for o in outcomes)
+    summary = f"{passed} passed, {failed} failed"
+    if skipped:
+        summary += f", {skipped} skipped"
+    return summary
+
+
+def run_all(vectors: Iterable[Vector], subject_factory: Callable[[], Subject],
+            skip: Callable[[Vector], str | None] | None = None) -> list[Outcome]:
+    """Run *vectors* in order on one subject, restarting it after a port failure."""
+    outcomes: list[Outcome] = []
+    subject: Subject | None = None
+    try:
+        for vector in vectors:
+            reason = skip(vector) if skip is not None else None
+            if reason is not None:
+                outcomes.append(Outcome(vector, "skipped", reason=reason))
+                continue
+            if subject is None:
+                subject = subject_factory()
+            outcome = run_vector(vector, subject)
+            outcomes.append(outcome)
+            if outcome.status == "error":
+                subject.close()
+                subject = None
+    finally:
+        if subject is not None:
+            subject.close()
+    return outcomes

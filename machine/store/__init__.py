@@ -1,0 +1,53 @@
+"""Durable sessions (specs/persistence.md, S1–S22): stores, crash repair, resume, fork, compaction.
+
+Two backends implement the `SessionStore` protocol and pass the same
+contract: `JsonlStore` (one checksummed JSON record per line, the embedded
+default) and `SqliteStore` (standard-library ``sqlite3``, WAL).
+"""
+
+from machine.store.base import BaseStore
+from machine.store.compaction import (
+    COMPACT_SOURCE,
+    SurfaceNode,
+    checkpoint_message,
+    choose_compaction_range,
+    compact,
+    compaction_problem,
+    surface_nodes,
+)
+from machine.store.errors import (
+    CompactionError,
+    DamageError,
+    LiveTurnOpenError,
+    OpenTurnError,
+    SessionExistsError,
+    SessionNotFoundError,
+    SessionNotOpenError,
+    StoreClosedError,
+    StoreError,
+    StoreWriteError,
+    UnsupportedFormatError,
+)
+from machine.store.jsonl import JsonlStore
+from machine.store.repair import closers, scan
+from machine.store.resume import StoreSink, resume_core, resume_from
+from machine.store.sqlite import SqliteStore
+from machine.store.types import (
+    Damage,
+    Inspection,
+    LoadMode,
+    LoadReport,
+    LoadResult,
+    SessionInfo,
+    SessionStore,
+)
+
+__all__ = [
+    "COMPACT_SOURCE", "BaseStore", "CompactionError", "Damage", "DamageError", "Inspection",
+    "JsonlStore", "LiveTurnOpenError", "LoadMode", "LoadReport", "LoadResult", "OpenTurnError",
+    "SessionExistsError", "SessionInfo", "SessionNotFoundError", "SessionNotOpenError",
+    "SessionStore", "SqliteStore", "StoreClosedError", "StoreError", "StoreSink",
+    "StoreWriteError", "SurfaceNode", "UnsupportedFormatError", "checkpoint_message",
+    "choose_compaction_range", "closers", "compact", "compaction_problem", "resume_core",
+    "resume_from", "scan", "surface_nodes",
+]

@@ -1,0 +1,1416 @@
+"""`ModelAgent`: a deliberately plain, rule-by-rule executable reading of the spec.
+
+This is the *reference model* of the agent core. It is written from
+``shared/reference/semantics.md`` (rules §0–§21, D1–D8; cited as "§x.y") and
+``specs/protocol.md`` (rules P1–P13), never from ``machine/core.py``. Speed
+does not matter here; obviousness does.
+
+Shape of the model
+------------------
+* All routing state is plain data on the instance: two lists (``queued`` and
+  ``outbox``), a few flags, the current abort owner.
+* The loop's own work (wake, admission, run, flush, settlement,
+  continue-or-idle) is ONE plain Python generator, ``_proc``. It yields
+  ``None`` after it has queued an output ("deliver what I queued, then resume
+  me": P8) and ``_Wait(ids)`` when it waits on the environment (a yield point,
+  §0.4); it is resumed with the completion it waited for (P6).
+* Commands (§5, §16, §17, P3) are plain methods that change state at once and
+  queue their outputs; they never run the loop.
+* ``next_output`` (P1) hands out queued outputs and only resumes the
+  generator when the queue is empty (P8).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, TypeAlias
+
+from machine.core import CoreConfig
+from machine.errors import DisposedError, ProtocolError, ValidationError
+from machine.events import (
+    AGENT_CREATED,
+    AGENT_DISPOSED,
+    ASSISTANT_CHUNK,
+    ASSISTANT_MESSAGE,
+    CANCEL_REQUESTED,
+    CONTEXT_DISCARD,
+    ERROR,
+    INBOX_DEQUEUE,
+    INBOX_DISCARD,
+    INBOX_ENQUEUE,
+    REQUEST_HEADER,
+    SESSION_CREATED,
+    SESSION_DISPOSED,
+    SESSION_START,
+    SETTLED,
+    STATUS,
+    STEERING_MESSAGE,
+    STEP_END,
+    STEP_START,
+    TOOL_CALL,
+    TOOL_RESULT,
+    TURN_END,
+    TURN_START,
+    USER_MESSAGE,
+    WARNING,
+    Event,
+    LiveEvent,
+)
+from machine.io import (
+    FLUSH,
+    MODEL,
+    PROMPT_SUBMIT,
+    REQUEST,
+    REQUEST_ERROR,
+    STEP_HOOK,
+    SYSTEM_PROMPT,
+    TICK,
+    TOOL_EXECUTE,
+    TOOL_FINALIZE,
+    TOOL_PREPARE,
+    TURN_STOPPING,
+    Append,
+    Cancel,
+    Chunk,
+    Control,
+    Dispose,
+    Durable,
+    Effect,
+    End,
+    Input,
+    Live,
+    Output,
+    Raise,
+    Resolve,
+    Send,
+)
+from machine.jsonvalue import Frozen, FrozenDict, FrozenList, JsonLike, canonical_json, freeze, thaw
+from machine.log import SessionLog
+from machine.vocabulary import (
+    Allow,
+    CancelCause,
+    ErrorInfo,
+    LlmFailure,
+    Message,
+    SendOptions,
+    ToolResult,
+    block_problem,
+    decision_from_json,
+    retry_action_from_json,
+    validate_chunk,
+    validate_user_message,
+)
+
+logger = logging.getLogger("turnstile.model")
+
+Completion: TypeAlias = Resolve | Raise | Chunk | End
+
+
+@dataclass(frozen=True)
+class _Wait:
+    """The generator waits on one of these effects (a yield point, §0.4; P6)."""
+
+    effects: frozenset[int]
+
+
+Proc: TypeAlias = Generator["_Wait | None", "Completion | None", None]
+
+
+# --------------------------------------------------------------------------
+# Plain records
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class _Queued:
+    """An item of ``queued`` (§4.1): a message and its wakeup flag."""
+
+    message: Message
+    wakeup: bool
+
+
+@dataclass
+class _Staged:
+    """An item of the ``outbox`` (§4.1): staged steering (True) or staged context (False)."""
+
+    message: Message
+    steering: bool
+
+
+@dataclass
+class _Controller:
+    """An abort controller (§4.4, §0.7). ``reason`` is the first cause (§16.3)."""
+
+    signal: int
+    reason: CancelCause | None = None
+
+
+@dataclass
+class _EffectRecord:
+    """What the model remembers about one effect request (P4, P10)."""
+
+    kind: str
+    done: bool = False  # a terminal completion arrived, or the stream was released (P5, P10)
+
+
+@dataclass
+class _Reports:
+    """The two pending discard reports of one cancel (§16.2 step 2, D6, P7)."""
+
+    queued: list[Message] = field(default_factory=list)
+    steering: list[Message] = field(default_factory=list)
+    context: list[Message] = field(default_factory=list)
+
+
+@dataclass
+class _Entry:
+    """One entry of the output queue: an output, or a pending report (P7)."""
+
+    output: Output | None = None
+    report: Literal["inbox", "context"] | None = None
+    reports: _Reports | None = None  # for a report, or for a cancel-requested that has reports
+
+
+class _Stop(Exception):
+    """Something that ends a turn: an abort raised by a signal check (§0.7), a request
+    failure (§13.1) or a generic failure (§15.3)."""
+
+    def __init__(self, kind: Literal["abort", "request", "generic"],
+                 error: ErrorInfo | None = None, failure: LlmFailure | None = None) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.error = error
+        self.failure = failure
+
+
+def _generic(message: str, name: str, code: str | None) -> _Stop:
+    """A generic failure with a coded error (§15.3; project decision on names and codes)."""
+    return _Stop("generic", ErrorInfo(message=message, name=name, code=code))
+
+
+def _raised(error: ErrorInfo) -> _Stop:
+    """A raised ErrorInfo is a generic failure (§13.1), its code being the error's (§15.3)."""
+    return _Stop("generic", error)
+
+
+@dataclass
+class _StepOutcome:
+    """The outcome of a completed step (§9.10)."""
+
+    continue_turn: bool
+    concluded: bool
+    max_tokens: bool
+
+
+@dataclass
+class _Call:
+    """One planned tool call of a batch and what happened to it (§10)."""
+
+    call_id: str
+    name: str
+    arguments: Frozen
+    state: Literal["unstarted", "inflight", "settled", "committed", "failed"] = "unstarted"
+    call_seq: int = -1
+    execute_effect: int | None = None
+    aborted_before_dispatch: bool = False
+    final: JsonLike = None  # a final result from prepare (§10.3 step 2)
+    has_final: bool = False
+    body: JsonLike = None  # the body's result (tool-execute)
+    executed: bool = False
+    aborted_at_settlement: bool = False  # §10.11
+
+
+ABORTED_BEFORE_DISPATCH_TEXT = "Error: tool call aborted before dispatch"
+ABORTED_TEXT = "Error: tool call aborted"
+
+
+def _default_mint(kind: str, seq: int) -> str:
+    """Ids the loop mints: ``assistant-<seq>`` and ``tool-result-<seq>`` (P12, §1.5)."""
+    return f"{kind}-{seq}"
+
+
+def _message_json(message: Message) -> dict[str, JsonLike]:
+    """A message's JSON form ``{id, role, content, source}`` (§1.1)."""
+    return message.to_json()
+
+
+def _plan_arguments(raw: str) -> Frozen:
+    """§10.1: an empty string becomes ``{}``, valid JSON text becomes its value, and
+    unparsable text is passed on as the raw string."""
+    if raw == "":
+        return FrozenDict({})
+
+    def refuse(constant: str) -> None:
+        raise ValueError(constant)
+
+    try:
+        return freeze(json.loads(raw, parse_constant=refuse))
+    except ValueError:
+        return raw
+
+
+def _header_problem(value: JsonLike) -> str | None:
+    """P13: the request effect's value must be ``{config, system?, tools?}`` whose
+    ``config`` has non-empty string ``provider`` and ``model``."""
+    if not isinstance(value, (dict, FrozenDict)):
+        return "header: must be a mapping {config, system?, tools?}"
+    extra = sorted(set(value) - {"config", "system", "tools"})
+    if extra:
+        return f"header: unexpected field(s) {', '.join(repr(k) for k in extra)}"
+    config = value.get("config")
+    if not isinstance(config, (dict, FrozenDict)):
+        return "header.config: must be a mapping"
+    for key in ("provider", "model"):
+        item = config.get(key)
+        if not isinstance(item, str) or not item:
+            return f"header.config.{key}: must be a non-empty string"
+    try:
+        freeze(value, "header")
+    except ValidationError as exc:
+        return str(exc)
+    return None
+
+
+def _chunk_problem(chunk: FrozenDict) -> str | None:
+    """P12: the fields a content-carrying chunk must have."""
+    kind = chunk["type"]
+    if kind in ("text", "reasoning"):
+        if not isinstance(chunk.get("text"), str):
+            return "chunk.text: must be a string"
+    elif kind == "tool-call":
+        call_id = chunk.get("id")
+        if not isinstance(call_id, str) or not call_id:
+            return "chunk.id: must be a non-empty string"
+        if not isinstance(chunk.get("name"), str):
+            return "chunk.name: must be a string"
+        if not isinstance(chunk.get("arguments"), str):
+            return "chunk.arguments: must be a string"
+    elif kind == "block":
+        problem = block_problem(chunk.get("block"))
+        if problem:
+            return f"chunk.block: {problem}"
+    return None
+
+
+def _is_error_result(value: JsonLike) -> bool:
+    """§10.11: whether a body settled with an error result (``isError: true``)."""
+    return isinstance(value, (dict, FrozenDict)) and value.get("isError") is True
+
+
+# --------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------
+
+
+class ModelAgent:
+    """The reference model of `machine.core.AgentCore`: same commands, same completions,
+    same outputs (P1–P13), written rule by rule from the spec."""
+
+    # -- construction (P11, §23.2) ---------------------------------------------
+
+    def __init__(self, config: CoreConfig | None = None, *, log: SessionLog | None = None,
+                 clock: Callable[[], float] | None = None,
+                 mint_id: Callable[[str, int], str] | None = None) -> None:
+        """P11: queue ``session/created``, ``agent/created {status:'idle'}`` and
+        ``agent/session-start {source}`` when publishing (§3.1, §23.2). §4.7: ``lastTurn``
+        comes from the seeded log."""
+        self.config = config if config is not None else CoreConfig()
+        self.log = log if log is not None else SessionLog(clock=clock)
+        self._mint = mint_id if mint_id is not None else _default_mint
+        # Routing state (§4).
+        self._queued: list[_Queued] = []
+        self._outbox: list[_Staged] = []
+        self._busy = False
+        self._window = False
+        self._owner: _Controller | None = None
+        self._wake_pending = False
+        self._wake_tick: int | None = None
+        self._pending_retry = False
+        self._header_logged = False
+        self._prior_failures: list[LlmFailure] = []
+        self._disposing = False
+        self._disposed = False
+        # The turn being run (§8.1).
+        self._turn = 0
+        self._step = 0
+        self._step_open = False
+        self._reason: dict[str, JsonLike] = {"kind": "completed"}
+        self._settle: dict[str, JsonLike] = {"kind": "completed"}
+        # Protocol state (P1–P10).
+        self._out: list[_Entry] = []
+        self._window_reports: _Reports | None = None
+        self._effects: dict[int, _EffectRecord] = {}
+        self._next_effect = 0
+        self._next_signal = 1  # P4 leaves signal ids open; the project numbers them from 1
+        self._controllers: dict[int, _Controller] = {}
+        self._mail: list[tuple[int, Completion]] = []
+        self._proc: Proc | None = None
+        self._waiting: frozenset[int] | None = None
+        if self.config.publish:
+            self._queue(Live(LiveEvent(SESSION_CREATED, FrozenDict({}))))
+            self._queue(Live(LiveEvent(AGENT_CREATED, FrozenDict({"status": "idle"}))))
+            self._queue(Live(LiveEvent(SESSION_START,
+                                       FrozenDict({"source": self.config.session_start}))))
+
+    # -- read-only state (§4, §18, §20.1) ---------------------------------------
+
+    @property
+    def status(self) -> str:
+        """§4.2: ``running`` for the whole running interval, else ``idle``."""
+        return "running" if self._busy else "idle"
+
+    @property
+    def accepts_next_step(self) -> bool:
+        """§4.3: the next-step acceptance window."""
+        return self._window
+
+    @property
+    def pending_queued(self) -> int:
+        """§4.1: the number of items in ``queued``."""
+        return len(self._queued)
+
+    @property
+    def pending_steering(self) -> int:
+        """§4.1: the number of staged steering items in the outbox."""
+        return sum(1 for item in self._outbox if item.steering)
+
+    @property
+    def pending_context(self) -> int:
+        """§4.1: the number of staged context items in the outbox."""
+        return sum(1 for item in self._outbox if not item.steering)
+
+    @property
+    def wake_pending(self) -> bool:
+        """§4.6."""
+        return self._wake_pending
+
+    @property
+    def retry_pending(self) -> bool:
+        """§4.9."""
+        return self._pending_retry
+
+    @property
+    def is_quiescent(self) -> bool:
+        """§18 (project decision for R17): not busy, no wake pending, no waking item queued."""
+        return (not self._busy and not self._wake_pending
+                and not any(item.wakeup for item in self._queued))
+
+    @property
+    def disposing(self) -> bool:
+        """§17: ``dispose()`` was called and teardown has not completed."""
+        return self._disposing and not self._disposed
+
+    @property
+    def disposed(self) -> bool:
+        """§17.3: teardown has completed."""
+        return self._disposed
+
+    @property
+    def outstanding_effects(self) -> tuple[int, ...]:
+        """P4/P10: ids of effects requested and not yet completed or released."""
+        return tuple(i for i, rec in self._effects.items() if not rec.done)
+
+    def signal_reason(self, signal: int) -> CancelCause | None:
+        """§16.3: the first cause that aborted a signal, or None."""
+        controller = self._controllers.get(signal)
+        return controller.reason if controller is not None else None
+
+    # -- output queue (P1, P7, P8) ------------------------------------------------
+
+    def _queue(self, output: Output) -> None:
+        """P8: queue an output in FIFO order; P7: an output queued by a command while a
+        cancel-requested with pending reports is the last output pulled goes before them."""
+        self._insert(_Entry(output=output))
+
+    def _insert(self, entry: _Entry) -> None:
+        """P7/P8: the insertion point of a new queue entry."""
+        reports = self._window_reports
+        if reports is not None:
+            for index, queued in enumerate(self._out):
+                if queued.report is not None and queued.reports is reports:
+                    self._out.insert(index, entry)
+                    return
+        self._out.append(entry)
+
+    def _live(self, type_: str, **payload: JsonLike) -> None:
+        """Queue a live notification (§3.1)."""
+        frozen = freeze(payload, "payload")
+        assert isinstance(frozen, FrozenDict)
+        self._queue(Live(LiveEvent(type_, frozen)))
+
+    def _warn(self, text: str) -> None:
+        """§0.8 (project decision): a warning is logged and delivered as ``agent/warning``."""
+        logger.warning("%s", text)
+        self._live(WARNING, text=text)
+
+    def _append(self, type_: str, data: JsonLike, *, source_event_seqs: Sequence[int] | None = None
+                ) -> Event:
+        """Append a durable event (§0.1) and queue it (P1: committed when pulled). Surface
+        types carry ``surfaceOp: 'append'`` (§1.21)."""
+        surface = type_ in (USER_MESSAGE, STEERING_MESSAGE, ASSISTANT_MESSAGE, TOOL_RESULT)
+        event = self.log.append(type_, data, surface_op="append" if surface else None,
+                                source_event_seqs=source_event_seqs)
+        self._queue(Durable(event))
+        return event
+
+    def _request(self, kind: str, history_end: int | None = None, **payload: JsonLike) -> int:
+        """P4: request an effect with a fresh id (0, 1, 2, ... in request order)."""
+        effect_id = self._next_effect
+        self._next_effect += 1
+        self._effects[effect_id] = _EffectRecord(kind)
+        frozen = freeze(payload, "payload")
+        assert isinstance(frozen, FrozenDict)
+        history = self.log.history(history_end) if history_end is not None else None
+        self._queue(Effect(effect_id, kind, frozen, history))
+        return effect_id
+
+    def next_output(self) -> Output | None:
+        """P1: the next output, or None when the model waits for an input. P8: the loop
+        resumes only when every queued output has been pulled."""
+        while True:
+            if self._out:
+                output = self._pull()
+                if output is not None:
+                    return output
+                continue
+            if not self._advance():
+                return None
+
+    def drain_outputs(self) -> list[Output]:
+        """Every output available now (P1)."""
+        outputs: list[Output] = []
+        while (output := self.next_output()) is not None:
+            outputs.append(output)
+        return outputs
+
+    def _pull(self) -> Output | None:
+        """P1, P7: take the queue's head. A pending report is materialized now and
+        dropped if empty. Pulling anything ends a P7 window; pulling a cancel-requested
+        that has reports opens one."""
+        entry = self._out.pop(0)
+        self._window_reports = None
+        if entry.report is not None:
+            reports = entry.reports
+            assert reports is not None
+            if entry.report == "inbox":
+                messages = reports.queued + reports.steering
+                if not messages:
+                    return None
+                return Live(LiveEvent(INBOX_DISCARD, self._messages_payload(messages)))
+            if not reports.context:
+                return None
+            return Live(LiveEvent(CONTEXT_DISCARD, self._messages_payload(reports.context)))
+        if entry.reports is not None:
+            self._window_reports = entry.reports
+        assert entry.output is not None
+        return entry.output
+
+    @staticmethod
+    def _messages_payload(messages: list[Message]) -> FrozenDict:
+        frozen = freeze({"messages": [_message_json(m) for m in messages]}, "payload")
+        assert isinstance(frozen, FrozenDict)
+        return frozen
+
+    def _advance(self) -> bool:
+        """Run the loop one yield further, if it can (P6, P8). Starts the wake (§6.2) and
+        the teardown of a quiescent disposing agent (project decision for §17)."""
+        if self._proc is None:
+            if self._wake_tick is not None:
+                tick = self._wake_tick
+                self._wake_tick = None
+                self._proc = self._wake(tick)
+                self._waiting = None
+            elif self._disposing and not self._disposed and self.is_quiescent:
+                self._teardown()
+                return True
+            else:
+                return False
+        sent: Completion | None = None
+        if self._waiting is not None:
+            found = self._take_mail(self._waiting)
+            if found is None:
+                return False
+            sent = found
+        try:
+            yielded = self._proc.send(sent)
+        except StopIteration:
+            self._proc = None
+            self._waiting = None
+            return True
+        self._waiting = yielded.effects if isinstance(yielded, _Wait) else None
+        return True
+
+    def _take_mail(self, effects: frozenset[int]) -> Completion | None:
+        """P6: buffered completions are consumed in arrival order among the effects the
+        loop waits on; the others stay buffered."""
+        for index, (effect_id, completion) in enumerate(self._mail):
+            if effect_id in effects:
+                del self._mail[index]
+                return completion
+        return None
+
+    # -- completions (P4, P6, P10) --------------------------------------------------
+
+    def _record(self, effect: int) -> _EffectRecord:
+        """P10: the effect must have been requested and not be completed or released."""
+        record = self._effects.get(effect) if type(effect) is int else None
+        if record is None:
+            raise ProtocolError(f"effect {effect!r} was never requested")
+        if record.done:
+            raise ProtocolError(f"effect {effect} was already completed or released")
+        return record
+
+    def resolve(self, effect: int, value: JsonLike = None) -> None:
+        """P4, P6, P10: buffer a ``resolve``; refused for a model effect."""
+        record = self._record(effect)
+        if record.kind == MODEL:
+            raise ProtocolError(f"effect {effect} is a model call: use chunk/end or raise")
+        record.done = True
+        self._mail.append((effect, Resolve(effect, value)))
+
+    def fail(self, effect: int, error: ErrorInfo) -> None:
+        """P4, P6, P10: buffer a ``raise``; the error must be an ErrorInfo."""
+        if not isinstance(error, ErrorInfo):
+            raise ProtocolError("raise needs an ErrorInfo")
+        record = self._record(effect)
+        record.done = True
+        self._mail.append((effect, Raise(effect, error)))
+
+    def chunk(self, effect: int, chunk: JsonLike) -> None:
+        """P4, P6, P10: buffer a model chunk."""
+        record = self._record(effect)
+        if record.kind != MODEL:
+            raise ProtocolError(f"effect {effect} is not a model call")
+        self._mail.append((effect, Chunk(effect, chunk)))
+
+    def end(self, effect: int) -> None:
+        """P4, P6, P10: buffer the end of a model stream."""
+        record = self._record(effect)
+        if record.kind != MODEL:
+            raise ProtocolError(f"effect {effect} is not a model call")
+        record.done = True
+        self._mail.append((effect, End(effect)))
+
+    def _release(self, effect: int) -> None:
+        """P5: stop consuming a model stream: queue ``release``, count the effect as
+        completed and drop its buffered chunks."""
+        self._effects[effect].done = True
+        self._mail = [(i, c) for i, c in self._mail if i != effect]
+        self._queue(Control("release", FrozenDict({"effect": effect})))
+
+    def feed(self, item: Input) -> None:
+        """P9: apply one input."""
+        if isinstance(item, Send):
+            self.send(item.message, item.options)
+        elif isinstance(item, Cancel):
+            self.cancel(item.cause, item.keep_inbox)
+        elif isinstance(item, Dispose):
+            self.dispose()
+        elif isinstance(item, Append):
+            self.append(item.type, item.data, surface_op=item.surface_op,
+                        source_event_seqs=item.source_event_seqs)
+        elif isinstance(item, Resolve):
+            self.resolve(item.effect, item.value)
+        elif isinstance(item, Raise):
+            self.fail(item.effect, item.error)
+        elif isinstance(item, Chunk):
+            self.chunk(item.effect, item.chunk)
+        else:
+            self.end(item.effect)
+
+    # -- commands (§5, §16, §17, P3, P7) --------------------------------------------
+
+    def _check_not_disposed(self) -> None:
+        """§17.3, P10: after teardown every command but dispose raises."""
+        if self._disposed:
+            raise DisposedError("the agent is disposed")
+
+    def send(self, message: JsonLike, options: JsonLike) -> None:
+        """§5: validate options then message (§5.1, D5), snapshot, route by the window
+        only (§5.2, §5.3, §5.6), request a wake before the enqueue notification (§5.4,
+        §6.1), announce (§5.5). P7: input accepted while a cancel-requested is the last
+        output pulled is moved into that cancel's pending reports."""
+        self._check_not_disposed()
+        opts = SendOptions.from_json(options)
+        msg = validate_user_message(message)
+        if opts.target == "next-step" and not opts.wakeup:  # inject (§5.2)
+            if self._window:
+                self._outbox.append(_Staged(msg, steering=False))
+                if self._window_reports is not None:
+                    self._outbox.pop()
+                    self._window_reports.context.append(msg)
+            else:
+                self._append(USER_MESSAGE, _message_json(msg))
+            return
+        placement = "steering" if opts.target == "next-step" and self._window else "queued"
+        if placement == "steering":
+            self._outbox.append(_Staged(msg, steering=True))
+        else:
+            self._queued.append(_Queued(msg, opts.wakeup))
+            if opts.wakeup:
+                self._request_wake()
+        self._live(INBOX_ENQUEUE, message=_message_json(msg), placement=placement)
+        if self._window_reports is not None:
+            if placement == "steering":
+                self._outbox.pop()
+                self._window_reports.steering.append(msg)
+            else:
+                self._queued.pop()
+                self._window_reports.queued.append(msg)
+
+    def followup(self, message: JsonLike) -> None:
+        """§1.8: next-turn + wakeup."""
+        self.send(message, SendOptions("next-turn", True))
+
+    def steer(self, message: JsonLike) -> None:
+        """§1.8: next-step + wakeup."""
+        self.send(message, SendOptions("next-step", True))
+
+    def inject(self, message: JsonLike) -> None:
+        """§1.8: next-step without wakeup."""
+        self.send(message, SendOptions("next-step", False))
+
+    def _request_wake(self) -> None:
+        """§6.1: ignored while busy or while a wake is pending; otherwise set
+        ``wakePending`` and request the tick (P4 ``tick {purpose:'wake'}``)."""
+        if self._busy or self._wake_pending:
+            return
+        self._wake_pending = True
+        self._wake_tick = self._request(TICK, purpose="wake")
+
+    def cancel(self, cause: JsonLike, keep_inbox: bool = False) -> None:
+        """§16, §1.10: validate the cause ({kind:'user'} or {kind:'parent'}), then cancel."""
+        self._check_not_disposed()
+        parsed = CancelCause.from_json(cause)
+        self._cancel(parsed, keep_inbox)
+
+    def _cancel(self, cause: CancelCause, keep_inbox: bool) -> None:
+        """§16.1 effectiveness; §16.2 steps 1–4 (P7: all at once, reports pending);
+        §16.3 first cause wins; D2 drops a pending retry; D6 context report."""
+        effective = (self._owner is not None or self._pending_retry
+                     or (not keep_inbox and (bool(self._queued) or bool(self._outbox))))
+        if not effective:
+            return
+        reports: _Reports | None = None
+        if not keep_inbox:
+            reports = _Reports(
+                queued=[item.message for item in self._queued],
+                steering=[item.message for item in self._outbox if item.steering],
+                context=[item.message for item in self._outbox if not item.steering])
+            self._queued = []
+            self._outbox = []
+        if cause.kind != "disposed":
+            payload = freeze({"cause": cause.to_json()}, "payload")
+            assert isinstance(payload, FrozenDict)
+            self._insert(_Entry(output=Live(LiveEvent(CANCEL_REQUESTED, payload)),
+                                reports=reports))
+        if reports is not None:
+            self._insert(_Entry(report="inbox", reports=reports))
+            self._insert(_Entry(report="context", reports=reports))
+        self._pending_retry = False
+        owner = self._owner
+        if owner is not None and owner.reason is None:
+            owner.reason = cause
+            self._queue(Control("abort", FrozenDict({"signal": owner.signal,
+                                                     "reason": FrozenDict(cause.to_json())})))
+
+    def dispose(self) -> None:
+        """§17.1 step 1 (project decision): ``cancel({kind:'disposed'})`` at once, with no
+        cancel-requested, and mark the agent disposing. A no-op after teardown (§17.3)."""
+        if self._disposed:
+            return
+        self._disposing = True
+        self._cancel(CancelCause("disposed"), keep_inbox=False)
+
+    def append(self, type: str, data: JsonLike, *, surface_op: JsonLike = None,
+               source_event_seqs: Sequence[int] | None = None) -> Event:
+        """P3: a direct append by extension code, checked before commit (§20.2, D7)."""
+        self._check_not_disposed()
+        event = self.log.append(type, data, surface_op=surface_op,
+                                source_event_seqs=source_event_seqs)
+        self._queue(Durable(event))
+        return event
+
+    # -- teardown (§17, project decision) -------------------------------------------
+
+    def _teardown(self) -> None:
+        """§17.1 step 3 (project decision): report what the inbox and outbox still hold
+        (inbox discard, then context discard; no cancel-requested), then
+        ``agent/disposed`` and ``session/disposed``; from now on commands raise."""
+        dropped = [item.message for item in self._queued] + \
+            [item.message for item in self._outbox if item.steering]
+        contexts = [item.message for item in self._outbox if not item.steering]
+        self._queued = []
+        self._outbox = []
+        if dropped:
+            self._queue(Live(LiveEvent(INBOX_DISCARD, self._messages_payload(dropped))))
+        if contexts:
+            self._queue(Live(LiveEvent(CONTEXT_DISCARD, self._messages_payload(contexts))))
+        self._live(AGENT_DISPOSED)
+        self._live(SESSION_DISPOSED)
+        self._disposed = True
+
+    # -- the loop: wake and continue-or-idle (§6, §7.1, §12.7) ----------------------------
+
+    def _new_controller(self) -> _Controller:
+        """§4.4: a fresh controller with its own signal."""
+        controller = _Controller(self._next_signal)
+        self._next_signal += 1
+        self._controllers[controller.signal] = controller
+        return controller
+
+    def _has_waking(self) -> bool:
+        """§7.1: at least one waking item is queued."""
+        return any(item.wakeup for item in self._queued)
+
+    def _wake(self, tick: int) -> Proc:
+        """§6.2: wait for the tick; clear ``wakePending``; claim if not busy and a waking
+        item is queued, otherwise do nothing."""
+        yield _Wait(frozenset({tick}))
+        self._wake_pending = False
+        yield from self._continue_or_idle()
+
+    def _continue_or_idle(self) -> Proc:
+        """§12.7 (and the wake's claim, §6.2): claim the head of ``queued`` while a waking
+        item is queued, within one running interval; otherwise clear ``busy`` and emit
+        ``idle`` (only if busy). While disposing, never claim: issue
+        ``cancel(disposed)`` first (project decision for §17.1 step 2)."""
+        while True:
+            if self._has_waking():
+                if self._disposing:
+                    self._cancel(CancelCause("disposed"), keep_inbox=False)
+                    yield None
+                    continue
+                yield from self._admission()
+                continue
+            if self._busy:
+                self._busy = False
+                self._live(STATUS, status="idle")
+                yield None
+            return
+
+    # -- admission (§7) -------------------------------------------------------------------
+
+    def _admission(self) -> Proc:
+        """§7.2–§7.11: claim the head of ``queued``, run prompt-submit, then the run (allowed)
+        or the rejected path."""
+        item = self._queued.pop(0)  # §7.2
+        inherited = len(self._outbox)
+        controller = self._new_controller()  # §7.3
+        self._owner = controller
+        self._window = True
+        if not self._busy:  # §7.4
+            self._busy = True
+            self._live(STATUS, status="running")
+            yield None
+        claimed = item.message
+        admitted: list[Message] | None = None
+        if controller.reason is not None:  # §7.5: rejected, prompt-submit not invoked
+            self._live(INBOX_DEQUEUE, message=_message_json(claimed), placement="queued")
+            yield None
+        else:
+            effect = self._request(PROMPT_SUBMIT, message=_message_json(claimed),
+                                   signal=controller.signal)
+            yield None
+            self._live(INBOX_DEQUEUE, message=_message_json(claimed), placement="queued")  # §7.6
+            yield None
+            completion = yield _Wait(frozenset({effect}))
+            admitted = yield from self._decide(controller, claimed, completion)
+        self._owner = None  # §7.8
+        if admitted is not None:  # §7.9
+            trigger = {"kind": "message", "source": thaw(claimed.source)}
+            yield from self._chain(trigger, admitted, inherited)
+        else:
+            yield from self._rejected()
+
+    def _decide(self, controller: _Controller, claimed: Message,
+                completion: Completion | None) -> Generator[_Wait | None, Completion | None,
+                                                            list[Message] | None]:
+        """§7.7, §7.11: the admitted list ``[prompt] + additionalContexts``, or None when the
+        outcome is rejected (aborted: no warning; raise or invalid decision: a warning)."""
+        if controller.reason is not None:
+            return None
+        if isinstance(completion, Raise):
+            self._warn(f"prompt admission failed: {completion.error.rendered()}")
+            yield None
+            return None
+        assert isinstance(completion, Resolve)
+        try:
+            decision = decision_from_json(completion.value)
+        except ValidationError as exc:
+            self._warn(f"prompt admission returned an invalid decision: {exc}")
+            yield None
+            return None
+        if not isinstance(decision, Allow):
+            return None
+        prompt = claimed
+        if decision.content is not None:
+            prompt = Message(id=claimed.id, role=claimed.role, content=decision.content,
+                             source=claimed.source)
+        return [prompt, *decision.additional_contexts]
+
+    def _rejected(self) -> Proc:
+        """§7.10: close the window; append staged context between turns unless any steering
+        is staged; yield one tick; then continue-or-idle (in the caller)."""
+        self._window = False
+        if not any(item.steering for item in self._outbox):
+            while self._outbox:
+                staged = self._outbox.pop(0)
+                self._append(USER_MESSAGE, _message_json(staged.message))
+                yield None
+        tick = self._request(TICK, purpose="rejected-admission")
+        yield None
+        yield _Wait(frozenset({tick}))
+
+    # -- chain: run, flush, retry, settle (§8, §12.4–§12.6, §13.3) ---------------------------
+
+    def _chain(self, trigger: dict[str, JsonLike], admitted: list[Message], inherited: int) -> Proc:
+        """§8.8, §12.4–§12.6, §13.3: run the turn, flush; a pending retry starts the retry
+        run (no settled, no status change); otherwise emit ``agent/settled``."""
+        self._prior_failures = []
+        while True:
+            yield from self._run(trigger, admitted, inherited)
+            yield from self._flush()
+            if self._pending_retry:  # §12.5
+                self._pending_retry = False
+                trigger, admitted, inherited = {"kind": "retry"}, [], 0
+                continue
+            self._live(SETTLED, turn=self._turn, reason=self._settle)
+            yield None
+            return
+
+    def _flush(self) -> Proc:
+        """§12.4: await the flush barrier; a failure is a warning plus ``agent/error`` and
+        the work goes on."""
+        effect = self._request(FLUSH, turn=self._turn)
+        yield None
+        completion = yield _Wait(frozenset({effect}))
+        if isinstance(completion, Raise):
+            self._warn(f"session flush failed at turn {self._turn}: {completion.error.rendered()}")
+            yield None
+            self._live(ERROR, turn=self._turn, step=self._step, error=completion.error.to_json())
+            yield None
+
+    def _run(self, trigger: dict[str, JsonLike], admitted: list[Message], inherited: int) -> Proc:
+        """§8.1–§8.7: one turn."""
+        controller = self._new_controller()  # §8.1
+        self._owner = controller
+        self._window = True
+        self._turn = self.log.last_turn + 1
+        self._reason = {"kind": "completed"}
+        self._settle = {"kind": "completed"}
+        self._step = 0
+        self._step_open = False
+        self._append(TURN_START, {"turn": self._turn, "trigger": trigger})  # §8.2
+        yield None
+        try:
+            limit = min(inherited, len(self._outbox))  # §8.3 step 1
+            yield from self._drain(limit)
+            for message in admitted:  # §8.3 step 2
+                self._append(USER_MESSAGE, _message_json(message))
+                yield None
+            self._check(controller)  # §8.3 step 3
+            yield from self._drain(None)  # §8.3 step 4
+            yield from self._step_loop(controller)
+        except _Stop as stop:
+            yield from self._fail(controller, stop)
+        self._window = False  # §8.7
+        self._append(TURN_END, {"turn": self._turn, "reason": self._reason})
+        yield None
+        self._owner = None
+
+    def _check(self, controller: _Controller) -> None:
+        """§0.7: a signal check on an aborted signal raises an abort inside the loop."""
+        if controller.reason is not None:
+            raise _Stop("abort")
+
+    def _step_loop(self, controller: _Controller) -> Proc:
+        """§8.4, §8.5: steps until the turn ends."""
+        while True:
+            self._step += 1
+            outcome = yield from self._run_step(controller)
+            if outcome is None:  # a request failure was handled (§13.2 step 5)
+                return
+            self._prior_failures = []  # §13.4
+            if outcome.max_tokens:  # §14.3
+                self._reason = {"kind": "max-tokens"}
+            if outcome.concluded:
+                return
+            if outcome.continue_turn or any(item.steering for item in self._outbox):
+                continue
+            effect = self._request(TURN_STOPPING, turn=self._turn,  # §8.5
+                                   signal=controller.signal)
+            yield None
+            completion = yield _Wait(frozenset({effect}))
+            if isinstance(completion, Raise):
+                raise _raised(completion.error)
+            self._check(controller)
+            took_steering = yield from self._drain(None)
+            if not took_steering:
+                return
+
+    def _fail(self, controller: _Controller, stop: _Stop) -> Proc:
+        """§8.6: close an open step, then classify (§15)."""
+        if self._step_open:
+            self._step_open = False
+            self._append(STEP_END, {"turn": self._turn, "step": self._step})
+            yield None
+        yield from self._classify(controller, stop)
+
+    def _classify(self, controller: _Controller, stop: _Stop) -> Proc:
+        """§15.1–§15.3: abort, request failure or other failure; set the durable and the
+        settle reason and emit ``agent/error`` unless aborted."""
+        if controller.reason is not None:  # §15.1
+            kind = "disposed" if controller.reason.kind == "disposed" else "aborted"
+            self._reason = {"kind": kind}
+            self._settle = {"kind": "aborted"}
+            return
+        error = stop.error
+        assert error is not None
+        if stop.kind == "request":  # §15.2
+            failure = stop.failure
+            assert failure is not None
+            self._reason = {"kind": "error", "step": self._step,
+                            "failure": failure.with_message(error.rendered()).to_json()}
+            self._settle = {"kind": "error", "error": error.to_json(),
+                            "failure": failure.to_json()}
+        else:  # §15.3
+            self._reason = {"kind": "error", "step": self._step, "message": error.rendered()}
+            if error.code is not None:
+                self._reason["code"] = error.code
+            self._settle = {"kind": "error", "error": error.to_json()}
+        self._live(ERROR, turn=self._turn, step=self._step, error=error.to_json())
+        yield None
+
+    # -- drains (§11) -------------------------------------------------------------------
+
+    def _drain(self, limit: int | None) -> Generator[_Wait | None, Completion | None, bool]:
+        """§11.1: take outbox items from the front until it is empty (a fixed point, D3) or
+        the limit is taken (the inherited drain, §8.3 step 1). Steering: dequeue
+        notification, then ``steering/message``; context: ``user/message``. Reports
+        whether any steering item was taken."""
+        took_steering = False
+        taken = 0
+        while self._outbox and (limit is None or taken < limit):
+            staged = self._outbox.pop(0)
+            taken += 1
+            if staged.steering:
+                took_steering = True
+                self._live(INBOX_DEQUEUE, message=_message_json(staged.message),
+                           placement="steering")
+                yield None
+                self._append(STEERING_MESSAGE, {"turn": self._turn,
+                                                "message": _message_json(staged.message)})
+                yield None
+            else:
+                self._append(USER_MESSAGE, _message_json(staged.message))
+                yield None
+        return took_steering
+
+    # -- step (§9) --------------------------------------------------------------------------
+
+    def _run_step(self, controller: _Controller) -> Generator[_Wait | None, Completion | None,
+                                                             _StepOutcome | None]:
+        """§9.1–§9.10: one step. Returns None after a request failure was handled (§13.2)."""
+        turn, step, signal = self._turn, self._step, controller.signal
+        effect = self._request(STEP_HOOK, turn=turn, step=step, signal=signal)  # §9.1
+        yield None
+        completion = yield _Wait(frozenset({effect}))
+        if isinstance(completion, Raise):
+            raise _raised(completion.error)
+        self._check(controller)
+        yield from self._drain(None)  # §9.2
+        effect = self._request(SYSTEM_PROMPT, turn=turn, step=step, signal=signal)  # §9.3
+        yield None
+        completion = yield _Wait(frozenset({effect}))
+        if isinstance(completion, Raise):
+            raise _raised(completion.error)
+        assert isinstance(completion, Resolve)
+        try:
+            system = freeze(completion.value, "system")
+        except ValidationError as exc:
+            raise _generic(f"invalid system prompt: {exc}", "SystemPromptError",
+                           "INVALID_SYSTEM_PROMPT") from None
+        self._check(controller)
+        history_end = len(self.log)  # §9.4
+        self._step_open = True  # §9.5
+        self._append(STEP_START, {"turn": turn, "step": step})
+        yield None
+        self._check(controller)
+        header = yield from self._build_request(controller, system)  # §9.6
+        try:
+            content, usage, seqs, finish_kind = yield from self._stream(controller, header,
+                                                                        history_end)
+        except _Stop as stop:
+            if stop.kind != "request":
+                raise
+            yield from self._request_failure(controller, stop)
+            return None
+        if finish_kind == "max-tokens":  # §9.8, §14.1
+            content = [b for b in content
+                       if not (isinstance(b, FrozenDict) and b.get("type") == "tool-call")]
+        config = header["config"]
+        assert isinstance(config, FrozenDict)
+        seq = len(self.log)
+        message = Message(id=self._mint("assistant", seq), role="assistant",
+                          content=FrozenList(content),
+                          source=FrozenDict({"kind": "model", "provider": config["provider"],
+                                             "model": config["model"]}))
+        data: dict[str, JsonLike] = {"turn": turn, "step": step, "message": _message_json(message)}
+        if usage is not None:
+            data["usage"] = usage
+        self._append(ASSISTANT_MESSAGE, data, source_event_seqs=seqs)
+        yield None
+        calls = [b for b in message.content
+                 if isinstance(b, FrozenDict) and b.get("type") == "tool-call"]
+        concluded = False
+        if calls:  # §9.9
+            concluded = yield from self._batch(controller, calls)
+        took_steering = yield from self._drain(None)  # §9.10
+        self._step_open = False
+        self._append(STEP_END, {"turn": turn, "step": step})
+        yield None
+        return _StepOutcome(continue_turn=(bool(calls) and not concluded) or took_steering,
+                            concluded=concluded, max_tokens=finish_kind == "max-tokens")
+
+    def _build_request(self, controller: _Controller, system: Frozen
+                       ) -> Generator[_Wait | None, Completion | None, FrozenDict]:
+        """§9.6, P13: the seed config, the request effect (request extension point and
+        preparation), validation of the header, and the ``request/header`` append."""
+        if not self._header_logged:
+            seed: JsonLike = dict(self.config.request_options)
+        else:
+            last = self.log.last_header
+            seed = last.get("config") if last is not None else None
+        effect = self._request(REQUEST, turn=self._turn, step=self._step,
+                               signal=controller.signal, config=seed, system=system)
+        yield None
+        completion = yield _Wait(frozenset({effect}))
+        if isinstance(completion, Raise):
+            raise _raised(completion.error)
+        assert isinstance(completion, Resolve)
+        self._check(controller)
+        problem = _header_problem(completion.value)
+        if problem is not None:
+            raise _generic(f"invalid request config: {problem}", "RequestConfigError",
+                           "INVALID_REQUEST_CONFIG")
+        header = freeze(completion.value, "header")
+        assert isinstance(header, FrozenDict)
+        last_header = self.log.last_header
+        if not self._header_logged:
+            reason = "resume" if last_header is not None else "initial"
+            self._header_logged = True
+            self._append(REQUEST_HEADER, {"header": header, "reason": reason})
+            yield None
+        elif last_header is None or canonical_json(header) != canonical_json(last_header):
+            self._append(REQUEST_HEADER, {"header": header, "reason": "change"})
+            yield None
+        return header
+
+    def _stream(self, controller: _Controller, header: FrozenDict, history_end: int
+                ) -> Generator[_Wait | None, Completion | None,
+                               tuple[list[Frozen], Frozen, list[int], str]]:
+        """§9.7, P5, P12: consume the model stream chunk by chunk: check the signal,
+        validate, append ``assistant/chunk``, fold. Returns the folded content, the usage,
+        the chunk seqs and the finish kind; raises a request failure or a generic failure."""
+        effect = self._request(MODEL, history_end=history_end, turn=self._turn, step=self._step,
+                               signal=controller.signal, header=header, historyEnd=history_end)
+        yield None
+        content: list[Frozen] = []
+        seqs: list[int] = []
+        finish: FrozenDict | None = None
+        previous_type: str | None = None
+        while True:
+            completion = yield _Wait(frozenset({effect}))
+            if isinstance(completion, Raise):
+                error = completion.error
+                if error.failure is not None:
+                    raise _Stop("request", error, error.failure)
+                raise _raised(error)
+            if isinstance(completion, End):
+                if finish is None:
+                    raise _generic("model stream ended without a finish chunk",
+                                   "InvalidChunkError", "INVALID_CHUNK")
+                break
+            assert isinstance(completion, Chunk)
+            if controller.reason is not None:  # step 1
+                self._release(effect)
+                yield None
+                raise _Stop("abort")
+            if finish is not None:
+                self._release(effect)
+                yield None
+                raise _generic("a chunk arrived after the finish chunk", "InvalidChunkError",
+                               "INVALID_CHUNK")
+            try:  # step 2
+                chunk = validate_chunk(completion.chunk)
+                problem = _chunk_problem(chunk)
+                if problem is not None:
+                    raise ValidationError("", problem)
+            except ValidationError as exc:
+                self._release(effect)
+                yield None
+                raise _generic(f"invalid chunk: {exc}", "InvalidChunkError",
+                               "INVALID_CHUNK") from None
+            event = self._append(ASSISTANT_CHUNK, {"turn": self._turn, "step": self._step,
+                                                   "chunk": chunk})  # step 3
+            seqs.append(event.seq)
+            yield None
+            chunk_type = chunk["type"]  # step 4: fold (P12)
+            if chunk_type in ("text", "reasoning"):
+                text = chunk["text"]
+                assert isinstance(text, str)
+                if previous_type == chunk_type:
+                    last = content[-1]
+                    assert isinstance(last, FrozenDict)
+                    content[-1] = last.set("text", str(last["text"]) + text)
+                else:
+                    content.append(FrozenDict({"type": chunk_type, "text": text}))
+            elif chunk_type == "tool-call":
+                content.append(FrozenDict({"type": "tool-call", "id": chunk["id"],
+                                           "name": chunk["name"],
+                                           "arguments": chunk["arguments"]}))
+            elif chunk_type == "block":
+                content.append(chunk["block"])
+            elif chunk_type == "finish":
+                finish = chunk
+            assert isinstance(chunk_type, str)
+            previous_type = chunk_type
+        kind = finish["kind"]
+        assert isinstance(kind, str)
+        if kind in ("error", "aborted"):  # a request failure (§9.7, §13.1)
+            raw = finish.get("failure")
+            facts = (LlmFailure.from_json(raw) if raw is not None
+                     else LlmFailure("model request aborted", "ABORTED"))
+            raise _Stop("request", ErrorInfo(message=facts.message, name="ModelRequestError",
+                                             code=facts.code, failure=facts), facts)
+        return content, finish.get("usage"), seqs, kind
+
+    def _request_failure(self, controller: _Controller, stop: _Stop) -> Proc:
+        """§13.2: ``step/end``; request-error unless aborted; a retry only if still not
+        aborted; a raise is a warning; classify (§15); leave the step loop."""
+        error, failure = stop.error, stop.failure
+        assert error is not None and failure is not None
+        self._step_open = False
+        self._append(STEP_END, {"turn": self._turn, "step": self._step})
+        yield None
+        if controller.reason is None:
+            effect = self._request(REQUEST_ERROR, turn=self._turn, step=self._step,
+                                   signal=controller.signal, error=error.to_json(),
+                                   failure=failure.to_json(),
+                                   priorFailures=[f.to_json() for f in self._prior_failures])
+            yield None
+            completion = yield _Wait(frozenset({effect}))
+            if isinstance(completion, Raise):
+                self._warn(f"request recovery failed: {completion.error.rendered()}")
+                yield None
+            else:
+                assert isinstance(completion, Resolve)
+                if retry_action_from_json(completion.value) and controller.reason is None:
+                    self._pending_retry = True
+        self._prior_failures.append(failure)  # §13.3: the earlier failures, then this one
+        yield from self._classify(controller, stop)
+
+    # -- tool batch (§10) ---------------------------------------------------------------
+
+    def _is_parallel(self, call: _Call) -> bool:
+        """§10.2, P11: a call is parallel-safe when ``tool_modes`` says ``parallel``;
+        unknown names are exclusive."""
+        return self.config.tool_modes.get(call.name) == "parallel"
+
+    def _batch(self, controller: _Controller, blocks: list[FrozenDict]
+               ) -> Generator[_Wait | None, Completion | None, bool]:
+        """§10.1–§10.11 (with the project's effect realization): groups, ordered prepare,
+        overlapping execute, model-ordered commit, abort pairs and batch failure.
+        Returns whether a result concluded the turn."""
+        calls: list[_Call] = []
+        for block in blocks:  # §10.1
+            call_id, name, arguments = block["id"], block["name"], block["arguments"]
+            assert isinstance(call_id, str) and isinstance(name, str)
+            assert isinstance(arguments, str)
+            calls.append(_Call(call_id, name, _plan_arguments(arguments)))
+        state = _BatchState(calls)
+        limit = self.config.max_parallel_tool_calls
+        while state.next_start < len(calls) and state.failure is None \
+                and controller.reason is None:
+            in_pool = self._is_parallel(calls[state.next_start])  # §10.2: a new group
+            yield from self._start(controller, state)
+            while True:
+                yield from self._commit_ready(controller, state)
+                if (in_pool and state.failure is None and controller.reason is None
+                        and state.next_start < len(calls)
+                        and self._is_parallel(calls[state.next_start])
+                        and state.inflight() < limit):
+                    yield from self._start(controller, state)
+                    continue
+                if state.inflight() == 0:
+                    break
+                yield from self._settle_one(controller, state)
+        if state.failure is not None:  # §10.9
+            raise _Stop("generic", state.failure)
+        for call in calls[state.next_start:]:  # §10.7: synthetic pairs
+            call_event = self._append(TOOL_CALL, self._call_data(call))
+            call.call_seq = call_event.seq
+            yield None
+            self._append_synthetic(call, "ABORTED_BEFORE_DISPATCH", ABORTED_BEFORE_DISPATCH_TEXT)
+            yield None
+        return state.concluded
+
+    def _call_data(self, call: _Call) -> dict[str, JsonLike]:
+        """§2: ``tool/call {turn, step, callId, name, arguments}``."""
+        return {"turn": self._turn, "step": self._step, "callId": call.call_id,
+                "name": call.name, "arguments": call.arguments}
+
+    def _stage_payload(self, controller: _Controller, call: _Call) -> dict[str, JsonLike]:
+        """P4: the payload of the tool stages."""
+        return {"turn": self._turn, "step": self._step, "signal": controller.signal,
+                "callId": call.call_id, "name": call.name, "arguments": call.arguments}
+
+    def _start(self, controller: _Controller, state: _BatchState) -> Proc:
+        """§10.3: append ``tool/call``; run prepare alone; a final result settles the call;
+        otherwise check the signal: aborted → not dispatched (aborted-before-dispatch),
+        else dispatch execute."""
+        call = state.calls[state.next_start]
+        state.next_start += 1
+        call_event = self._append(TOOL_CALL, self._call_data(call))
+        call.call_seq = call_event.seq
+        yield None
+        effect = self._request(TOOL_PREPARE, **self._stage_payload(controller, call))
+        yield None
+        completion = yield _Wait(frozenset({effect}))
+        if isinstance(completion, Raise):
+            call.state = "failed"
+            state.fail(completion.error)
+            return
+        assert isinstance(completion, Resolve)
+        if completion.value is not None:
+            call.final = completion.value
+            call.has_final = True
+            call.state = "settled"
+            return
+        if controller.reason is not None:
+            call.aborted_before_dispatch = True
+            call.state = "settled"
+            return
+        call.execute_effect = self._request(TOOL_EXECUTE, **self._stage_payload(controller, call))
+        call.executed = True
+        call.state = "inflight"
+        yield None
+
+    def _settle_one(self, controller: _Controller, state: _BatchState) -> Proc:
+        """§10.2, §10.11, P6: wait for the next in-flight execute settlement (arrival order)
+        and note whether the signal was aborted at that settlement."""
+        waiting = frozenset(c.execute_effect for c in state.calls
+                            if c.state == "inflight" and c.execute_effect is not None)
+        completion = yield _Wait(waiting)
+        assert completion is not None
+        call = next(c for c in state.calls if c.execute_effect == completion.effect)
+        if isinstance(completion, Raise):
+            call.state = "failed"
+            state.fail(completion.error)
+            return
+        assert isinstance(completion, Resolve)
+        call.body = completion.value
+        call.aborted_at_settlement = controller.reason is not None
+        call.state = "settled"
+
+    def _commit_ready(self, controller: _Controller, state: _BatchState) -> Proc:
+        """§10.4, §10.9: commit settled calls strictly in model order; stop at the first
+        call that is not settled (or failed)."""
+        while state.next_commit < state.next_start:
+            call = state.calls[state.next_commit]
+            if call.state != "settled":
+                return
+            committed = yield from self._commit(controller, state, call)
+            if not committed:
+                return
+            state.next_commit += 1
+
+    def _commit(self, controller: _Controller, state: _BatchState, call: _Call
+                ) -> Generator[_Wait | None, Completion | None, bool]:
+        """§10.4 steps 1–5, §10.10, §10.11: finalize (executed calls), validate, append
+        ``tool/result``, stage contexts, note ``concludesTurn``."""
+        if call.aborted_before_dispatch:
+            self._append_synthetic(call, "ABORTED_BEFORE_DISPATCH", ABORTED_BEFORE_DISPATCH_TEXT)
+            call.state = "committed"
+            yield None
+            return True
+        value: JsonLike = call.final
+        if call.executed:
+            payload = self._stage_payload(controller, call)
+            payload["result"] = call.body
+            effect = self._request(TOOL_FINALIZE, **payload)
+            yield None
+            completion = yield _Wait(frozenset({effect}))
+            if isinstance(completion, Raise):
+                call.state = "failed"
+                state.fail(completion.error)
+                return False
+            assert isinstance(completion, Resolve)
+            value = completion.value
+        try:
+            result = ToolResult.from_json(value)
+        except ValidationError as exc:
+            call.state = "failed"
+            state.fail(ErrorInfo(message=f"invalid tool result: {exc}",
+                                 name="InvalidToolResultError", code="INVALID_TOOL_RESULT"))
+            return False
+        if call.executed and call.aborted_at_settlement and not _is_error_result(call.body):
+            self._append_synthetic(call, "ABORTED", ABORTED_TEXT)  # §10.11
+            yield None
+        else:
+            block: dict[str, JsonLike] = {"type": "tool-result", "toolCallId": call.call_id,
+                                          "content": result.content}
+            if result.is_error:
+                block["isError"] = True
+            data: dict[str, JsonLike] = {"turn": self._turn, "step": self._step,
+                                         "message": self._tool_message(call, [block])}
+            if result.error is not None:
+                data["error"] = result.error
+            if result.meta is not None:
+                data["meta"] = result.meta
+            self._append(TOOL_RESULT, data, source_event_seqs=[call.call_seq])
+            yield None
+            if result.concludes_turn and not result.is_error:  # §10.6
+                state.concluded = True
+        for context in result.additional_contexts:  # §10.4 step 4
+            self._outbox.append(_Staged(context, steering=False))
+        call.state = "committed"
+        return True
+
+    def _tool_message(self, call: _Call, content: list[dict[str, JsonLike]]) -> dict[str, JsonLike]:
+        """§10.4 step 3: a new tool-result message, id ``tool-result-<seq>`` (P12)."""
+        return {"id": self._mint("tool-result", len(self.log)), "role": "user",
+                "content": content, "source": {"kind": "tool", "callId": call.call_id}}
+
+    def _append_synthetic(self, call: _Call, code: str, text: str) -> None:
+        """§10.10, §10.11: the synthetic aborted results (``AbortError``)."""
+        block = {"type": "tool-result", "toolCallId": call.call_id,
+                 "content": [{"type": "text", "text": text}], "isError": True}
+        self._append(TOOL_RESULT, {"turn": self._turn, "step": self._step,
+                                   "message": self._tool_message(call, [block]),
+                                   "error": {"name": "AbortError", "code": code}},
+                     source_event_seqs=[call.call_seq])
+
+
+@dataclass
+class _BatchState:
+    """The progress of one tool batch (§10)."""
+
+    calls: list[_Call]
+    next_start: int = 0
+    next_commit: int = 0
+    concluded: bool = False
+    failure: ErrorInfo | None = None
+
+    def inflight(self) -> int:
+        """§10.2: calls started and not yet settled (dispatched executes)."""
+        return sum(1 for call in self.calls if call.state == "inflight")
+
+    def fail(self, error: ErrorInfo) -> None:
+        """§10.9: the first failure is the one that propagates."""
+        if self.failure is None:
+            self.failure = error

@@ -1,0 +1,657 @@
+"""Differential test: `machine.core.AgentCore` against the reference model `model.ModelAgent`.
+
+A Hypothesis `RuleBasedStateMachine` feeds both the same inputs at the same
+observer positions (P2): every command (send with valid and invalid options
+and messages, the presets, cancel, dispose, direct appends), completions of any
+outstanding effect with valid and invalid values, completions that the
+protocol refuses (P10), and "pull k outputs". After every step it asserts
+identical outputs (`to_json`, durable events with their time, and the model
+call's message list), identical read-only state and identical logs, and checks
+the runtime invariants of §20.1 on the outputs.
+
+Profiles: the default ("differential-ci") is sized for about a minute;
+``TURNSTILE_PROFILE=deep`` selects "differential-deep" (much larger).
+
+On a failure the input sequence is printed (a Hypothesis note) as JSON:
+``{"config": …, "seed": …, "inputs": [{…input…, "when": <outputs pulled before it>}],
+"pulled": <total outputs pulled>}``; `replay` re-runs such a document.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import HealthCheck, note, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from machine.core import AgentCore, CoreConfig
+from machine.errors import InvariantError, ProtocolError, ValidationError
+from machine.events import Event
+from machine.io import (
+    Append,
+    Cancel,
+    Chunk,
+    Control,
+    Dispose,
+    Durable,
+    Effect,
+    End,
+    Input,
+    Live,
+    Output,
+    Raise,
+    Resolve,
+    Send,
+    input_from_json,
+)
+from machine.jsonvalue import FrozenDict, JsonLike, thaw
+from machine.log import SessionLog
+from machine.vocabulary import FOLLOWUP, INJECT, STEER, ErrorInfo, LlmFailure
+from model import ModelAgent
+
+# --------------------------------------------------------------------------
+# Profiles
+# --------------------------------------------------------------------------
+
+settings.register_profile(
+    "differential-ci", max_examples=350, stateful_step_count=60, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                           HealthCheck.filter_too_much])
+settings.register_profile(
+    "differential-deep", max_examples=20_000, stateful_step_count=120, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                           HealthCheck.filter_too_much])
+PROFILE = ("differential-deep" if os.environ.get("TURNSTILE_PROFILE") == "deep"
+           else "differential-ci")
+
+TOOLS = ("exc", "par", "par2", "unknown")
+TOOL_MODES = {"exc": "exclusive", "par": "parallel", "par2": "parallel"}
+TEXTS = ("a", "b", "hello", "")
+ARGUMENTS = ("", "{}", '{"x": 1}', "not json", "[1, 2]", "NaN")
+
+
+def counting_clock(start: int = 1000) -> Callable[[], float]:
+    ticks = iter(range(start, 10**9))
+    return lambda: next(ticks)
+
+
+# --------------------------------------------------------------------------
+# A seeded (resumed) session: one balanced turn with a request header.
+# --------------------------------------------------------------------------
+
+_SEED_JSON: list[dict[str, JsonLike]] = [
+    {"type": "user/message", "seq": 0, "time": 1, "surfaceOp": "append",
+     "data": {"id": "old-0", "role": "user", "content": [{"type": "text", "text": "ctx"}],
+              "source": {"kind": "plugin", "plugin": "old"}}},
+    {"type": "turn/start", "seq": 1, "time": 2,
+     "data": {"turn": 1, "trigger": {"kind": "message", "source": {"kind": "user"}}}},
+    {"type": "user/message", "seq": 2, "time": 3, "surfaceOp": "append",
+     "data": {"id": "old-1", "role": "user", "content": [{"type": "text", "text": "hi"}],
+              "source": {"kind": "user"}}},
+    {"type": "step/start", "seq": 3, "time": 4, "data": {"turn": 1, "step": 1}},
+    {"type": "request/header", "seq": 4, "time": 5,
+     "data": {"header": {"config": {"provider": "p", "model": "old"}}, "reason": "initial"}},
+    {"type": "step/end", "seq": 5, "time": 6, "data": {"turn": 1, "step": 1}},
+    {"type": "turn/end", "seq": 6, "time": 7, "data": {"turn": 1, "reason": {"kind": "completed"}}},
+]
+
+
+def new_log(seeded: bool) -> SessionLog:
+    events = [Event.from_json(e) for e in _SEED_JSON] if seeded else []
+    return SessionLog(events, clock=counting_clock())
+
+
+def make_config(spec: dict[str, Any]) -> CoreConfig:
+    return CoreConfig(request_options={"provider": "p", "model": "m"}, tool_modes=TOOL_MODES,
+                      max_parallel_tool_calls=spec["max_parallel"],
+                      session_start="resume" if spec["seeded"] else "startup",
+                      publish=spec["publish"])
+
+
+# --------------------------------------------------------------------------
+# Value strategies (plain JSON, what callers and the environment supply)
+# --------------------------------------------------------------------------
+
+def _text_block(text: str) -> dict[str, JsonLike]:
+    return {"type": "text", "text": text}
+
+
+SOURCES = st.sampled_from([{"kind": "user"}, {"kind": "plugin", "plugin": "p"},
+                           {"kind": "user", "requestId": "r1"}, {"kind": "x-sched"}])
+
+INVALID_MESSAGE_PATCHES: list[dict[str, JsonLike]] = [
+    {"id": ""}, {"role": "assistant"}, {"source": {}}, {"content": "text"},
+    {"content": [{"text": "no type"}]}, {"source": {"kind": ""}},
+]
+
+
+def error_infos(with_failure: bool | None = None) -> st.SearchStrategy[ErrorInfo]:
+    failures = st.builds(LlmFailure, st.sampled_from(["model down", "rate"]),
+                         st.sampled_from(["UNAVAILABLE", "RATE"]),
+                         st.sampled_from([None, 429]))
+    if with_failure is None:
+        failure = st.none() | failures
+    elif with_failure:
+        failure = failures
+    else:
+        failure = st.none()
+    return st.builds(ErrorInfo, st.sampled_from(["boom", "", "disk unavailable"]),
+                     st.sampled_from(["Error", "HookError"]),
+                     st.sampled_from([None, "E_CODE"]),
+                     st.sampled_from([(), ("cause one",)]), failure)
+
+
+CHUNKS: list[JsonLike] = [
+    {"type": "text", "text": "hel"}, {"type": "text", "text": "lo"},
+    {"type": "reasoning", "text": "think"},
+    {"type": "tool-call", "id": "c1", "name": "exc", "arguments": "{}"},
+    {"type": "tool-call", "id": "c2", "name": "par", "arguments": ""},
+    {"type": "tool-call", "id": "c3", "name": "par2", "arguments": "not json"},
+    {"type": "block", "block": {"type": "x-annotation", "note": 1}},
+    {"type": "x-meta", "value": 1},
+    {"type": "finish", "kind": "stop"},
+    {"type": "finish", "kind": "stop", "usage": {"inputTokens": 1}},
+    {"type": "finish", "kind": "max-tokens"},
+    {"type": "finish", "kind": "error", "failure": {"message": "provider 401", "code": "AUTH",
+                                                    "status": 401}},
+    {"type": "finish", "kind": "aborted"},
+    {"type": "finish", "kind": "aborted", "failure": {"message": "stopped", "code": "ABORTED"}},
+]
+INVALID_CHUNKS: list[JsonLike] = [
+    {"no": "type"}, {"type": "finish", "kind": "weird"}, {"type": "text"},
+    {"type": "tool-call", "id": "", "name": "exc", "arguments": "{}"},
+    {"type": "finish", "kind": "error"}, {"type": "block", "block": {"type": ""}},
+    {"type": "finish", "kind": "stop", "usage": 3},
+]
+
+
+def tool_results(valid: bool = True) -> st.SearchStrategy[JsonLike]:
+    if not valid:
+        return st.sampled_from([{"content": "x"}, {}, {"content": [], "isError": "yes"},
+                                {"content": [], "additionalContexts": [{"id": ""}]}, None, 7])
+    return st.fixed_dictionaries(
+        {"content": st.sampled_from([[_text_block("ok")], []])},
+        optional={"isError": st.booleans(),
+                  "error": st.just({"name": "ToolError", "code": "TOOL"}),
+                  "concludesTurn": st.booleans(),
+                  "meta": st.sampled_from([{"k": 1}, "m"]),
+                  "additionalContexts": st.just("CONTEXTS")})
+
+
+# --------------------------------------------------------------------------
+# The state machine
+# --------------------------------------------------------------------------
+
+
+class Divergence(AssertionError):
+    pass
+
+
+def _exc_key(exc: BaseException | None) -> tuple[str, str] | None:
+    if exc is None:
+        return None
+    # Validation and invariant texts come from the shared vocabulary and log, so they
+    # must match too; the texts of protocol and disposed errors are the core's own.
+    if isinstance(exc, (ValidationError, InvariantError)):
+        return (type(exc).__name__, str(exc))
+    return (type(exc).__name__, "")
+
+
+def output_json(output: Output | None) -> JsonLike:
+    """The compared form of an output: to_json, durable time included, the model call's
+    message list included."""
+    if output is None:
+        return None
+    if isinstance(output, Durable):
+        return {"out": "event", **output.event.to_json(with_time=True)}
+    if isinstance(output, Effect):
+        out = output.to_json()
+        if output.history is not None:
+            out["history"] = [m.to_json() for m in output.history]
+        return out
+    return output.to_json()
+
+
+STATE_FIELDS = ("status", "accepts_next_step", "pending_queued", "pending_steering",
+                "pending_context", "wake_pending", "retry_pending", "is_quiescent", "disposed")
+
+
+class DifferentialMachine(RuleBasedStateMachine):
+    """Drives AgentCore and ModelAgent identically and compares them after every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.core: AgentCore
+        self.model: ModelAgent
+        self.spec: dict[str, Any] = {}
+        self.trace: list[dict[str, JsonLike]] = []
+        self.pulled = 0
+        self.counter = 0
+        self.outstanding: dict[int, str] = {}  # effect id -> kind, pulled and not completed
+        self.finished: set[int] = set()
+        self.payloads: dict[int, FrozenDict] = {}
+        # §20.1 invariants, checked on the (identical) outputs.
+        self.last_status: str | None = None
+        self.enqueued: set[str] = set()
+        self.inbox_done: set[str] = set()
+        self.contexts_seen: set[str] = set()
+        self.queue_empty = True
+
+    # -- set-up ------------------------------------------------------------------
+
+    @initialize(max_parallel=st.sampled_from([1, 2, 3]), publish=st.booleans(),
+                seeded=st.booleans())
+    def setup(self, max_parallel: int, publish: bool, seeded: bool) -> None:
+        self.spec = {"max_parallel": max_parallel, "publish": publish, "seeded": seeded}
+        config = make_config(self.spec)
+        self.core = AgentCore(config, log=new_log(seeded))
+        self.model = ModelAgent(config, log=new_log(seeded))
+        self.compare_state()
+
+    def fresh_id(self, prefix: str = "m") -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def report(self) -> str:
+        return json.dumps({"config": self.spec, "inputs": self.trace, "pulled": self.pulled})
+
+    def fail(self, what: str) -> None:
+        note(f"differential input sequence: {self.report()}")
+        raise Divergence(what)
+
+    # -- driving both sides ---------------------------------------------------------
+
+    def feed(self, item: Input) -> tuple[str, str] | None:
+        """Feed one input to both sides; they must agree on raising."""
+        if isinstance(item, Raise) and not isinstance(item.error, ErrorInfo):
+            entry: dict[str, JsonLike] = {"in": "raise", "effect": item.effect,
+                                          "error": repr(item.error)}
+        else:
+            entry = item.to_json()
+        entry["when"] = self.pulled
+        self.trace.append(entry)
+        results: list[BaseException | None] = []
+        for side in (self.core, self.model):
+            try:
+                side.feed(item)
+                results.append(None)
+            except Exception as exc:
+                results.append(exc)
+        machine_key, model_key = _exc_key(results[0]), _exc_key(results[1])
+        if machine_key != model_key:
+            self.fail(f"input {entry}: machine raised {results[0]!r}, model raised {results[1]!r}")
+        self.compare_state()
+        return machine_key
+
+    def pull(self, k: int) -> None:
+        for _ in range(k):
+            a = self.core.next_output()
+            b = self.model.next_output()
+            ja, jb = output_json(a), output_json(b)
+            if ja != jb:
+                self.fail(f"output #{self.pulled} differs:\n machine: {ja}\n model:   {jb}")
+            if a is None:
+                self.queue_empty = True
+                break
+            self.pulled += 1
+            self.observe(a)
+        self.compare_state()
+
+    def observe(self, output: Output) -> None:
+        """Track outstanding effects and check the §20.1 invariants on one output."""
+        if isinstance(output, Effect):
+            self.outstanding[output.id] = output.kind
+            self.payloads[output.id] = output.payload
+        elif isinstance(output, Control) and output.kind == "release":
+            effect = output.payload["effect"]
+            assert isinstance(effect, int)
+            self.outstanding.pop(effect, None)
+            self.finished.add(effect)
+        elif isinstance(output, Live):
+            payload = thaw(output.event.payload)
+            kind = output.event.type
+            if kind == "agent/status":
+                if payload["status"] == self.last_status:
+                    self.fail(f"status repeated: {payload['status']}")
+                if self.last_status is None and payload["status"] != "running":
+                    self.fail("the first status is not running")
+                self.last_status = payload["status"]
+            elif kind == "agent/inbox/enqueue":
+                self.enqueued.add(payload["message"]["id"])
+            elif kind in ("agent/inbox/dequeue", "agent/inbox/discard"):
+                messages = payload.get("messages") or [payload.get("message")]
+                for message in messages:
+                    mid = message["id"]
+                    if mid not in self.enqueued or mid in self.inbox_done:
+                        self.fail(f"inbox conservation: {kind} of {mid!r}")
+                    self.inbox_done.add(mid)
+            elif kind == "agent/context/discard":
+                for message in payload["messages"]:
+                    self.context_once(message["id"])
+        elif isinstance(output, Durable) and output.event.type == "user/message":
+            self.context_once(str(output.event.data["id"]))
+
+    def context_once(self, message_id: str) -> None:
+        """Context accounting (§20.1, D6): a context item ends in at most one of a
+        user/message append or a context discard."""
+        if message_id.startswith("ctx"):
+            if message_id in self.contexts_seen:
+                self.fail(f"context accounting: {message_id!r} accounted twice")
+            self.contexts_seen.add(message_id)
+
+    def compare_state(self) -> None:
+        for name in STATE_FIELDS:
+            a, b = getattr(self.core, name), getattr(self.model, name)
+            if a != b:
+                self.fail(f"state {name}: machine {a!r}, model {b!r}")
+        la = [e.to_json() for e in self.core.log.events]
+        lb = [e.to_json() for e in self.model.log.events]
+        if la != lb:
+            self.fail(f"logs differ:\n machine: {la}\n model:   {lb}")
+
+    @invariant()
+    def window_closed_when_idle(self) -> None:
+        if not hasattr(self, "core"):
+            return
+        if self.core.status == "idle" and self.core.accepts_next_step:
+            self.fail("acceptsNextStep is true while idle")
+
+    @invariant()
+    def inbox_ledger_balances(self) -> None:
+        """Inbox conservation (§20.1) at points where every output has been pulled."""
+        if not hasattr(self, "core") or not self.queue_empty:
+            return
+        pending = self.core.pending_queued + self.core.pending_steering
+        if len(self.enqueued - self.inbox_done) != pending:
+            self.fail(f"inbox conservation: {len(self.enqueued - self.inbox_done)} announced "
+                      f"and unaccounted, {pending} pending")
+
+    # -- commands ------------------------------------------------------------------
+
+    def message(self, valid: bool, source: dict[str, JsonLike], text: str,
+                prefix: str = "m", patch: int = 0) -> dict[str, JsonLike]:
+        message: dict[str, JsonLike] = {"id": self.fresh_id(prefix), "role": "user",
+                                        "content": [_text_block(text)], "source": source}
+        if not valid:
+            message.update(INVALID_MESSAGE_PATCHES[patch % len(INVALID_MESSAGE_PATCHES)])
+        return message
+
+    @rule(preset=st.sampled_from(["followup", "steer", "inject"]),
+          valid=st.booleans() | st.just(True), source=SOURCES, text=st.sampled_from(TEXTS),
+          patch=st.integers(0, 10))
+    def send_preset(self, preset: str, valid: bool, source: dict[str, JsonLike], text: str,
+                    patch: int) -> None:
+        options = {"followup": FOLLOWUP, "steer": STEER, "inject": INJECT}[preset]
+        prefix = "ctx" if preset == "inject" else "m"
+        self.queue_empty = False
+        self.feed(Send(self.message(valid, source, text, prefix, patch), options, preset=preset))
+
+    @rule(tgt=st.sampled_from(["next-turn", "next-step", "later"]),
+          wakeup=st.sampled_from([True, False, None, "yes"]), extra=st.booleans(),
+          valid=st.booleans(), source=SOURCES, patch=st.integers(0, 10))
+    def send(self, tgt: str, wakeup: Any, extra: bool, valid: bool,
+             source: dict[str, JsonLike], patch: int) -> None:
+        options: dict[str, JsonLike] = {"target": tgt}
+        if wakeup is not None:
+            options["wakeup"] = wakeup
+        if extra:
+            options["context"] = []
+        prefix = "ctx" if tgt == "next-step" and wakeup is False else "m"
+        self.queue_empty = False
+        self.feed(Send(self.message(valid, source, "s", prefix, patch), options))
+
+    @rule(cause=st.sampled_from([{"kind": "user"}, {"kind": "parent"}, {"kind": "disposed"},
+                                 {"kind": "other"}, "user"]),
+          keep_inbox=st.booleans())
+    def cancel(self, cause: JsonLike, keep_inbox: bool) -> None:
+        self.queue_empty = False
+        self.feed(Cancel(cause, keep_inbox))
+
+    @rule()
+    def dispose(self) -> None:
+        self.queue_empty = False
+        self.feed(Dispose())
+
+    @rule(kind=st.sampled_from(["um", "um-invalid", "marker", "turn-start", "turn-end",
+                                "step-end", "chunk", "steering", "header", "todo",
+                                "not-started"]))
+    def append(self, kind: str) -> None:
+        log = self.core.log
+        turn = log.open_turn if log.open_turn is not None else log.last_turn
+        message = self.message(True, {"kind": "plugin", "plugin": "ext"}, "ext")
+        item: Append
+        if kind == "um":
+            item = Append("user/message", message, "append")
+        elif kind == "um-invalid":
+            item = Append("user/message", {**message, "role": "system"}, "append")
+        elif kind == "marker":
+            item = Append("x/marker", {"n": self.counter})
+        elif kind == "turn-start":  # always invalid: a wrong turn number
+            item = Append("turn/start", {"turn": log.last_turn + 7, "trigger": {"kind": "retry"}})
+        elif kind == "turn-end":
+            item = Append("turn/end", {"turn": 999, "reason": {"kind": "completed"}})
+        elif kind == "step-end":
+            item = Append("step/end", {"turn": 999, "step": 1})
+        elif kind == "chunk":
+            item = Append("assistant/chunk", {"turn": 999, "step": 1,
+                                              "chunk": {"type": "text", "text": "x"}})
+        elif kind == "steering":
+            item = Append("steering/message", {"turn": turn, "message": message}, "append")
+        elif kind == "header":
+            item = Append("request/header", {"header": {"config": {"provider": "p",
+                                                                   "model": "ext"}},
+                                             "reason": "change"})
+        elif kind == "todo":
+            item = Append("todo/write", {"todos": []})
+        else:
+            call_id = self.fresh_id("nc")
+            item = Append("tool/result", {
+                "turn": turn, "step": log.open_step if log.open_step is not None else 1,
+                "message": {"id": self.fresh_id("tr"), "role": "user",
+                            "content": [{"type": "tool-result", "toolCallId": call_id,
+                                         "content": [], "isError": True}],
+                            "source": {"kind": "tool", "callId": call_id}},
+                "error": {"name": "ToolNotStartedError", "code": "TOOL_NOT_STARTED"}}, "append")
+        self.queue_empty = False
+        self.feed(item)
+
+    # -- pulling ------------------------------------------------------------------------
+
+    @rule(k=st.integers(1, 12))
+    def pull_some(self, k: int) -> None:
+        self.pull(k)
+
+    @rule()
+    def pull_all(self) -> None:
+        self.pull(400)
+
+    # -- completions ----------------------------------------------------------------------
+
+    def complete(self, effect: int, item: Input) -> None:
+        self.queue_empty = False
+        raised = self.feed(item)
+        terminal = not isinstance(item, Chunk)
+        if raised is None and terminal:
+            self.outstanding.pop(effect, None)
+            self.finished.add(effect)
+
+    def contexts(self) -> list[JsonLike]:
+        return [self.message(True, {"kind": "plugin", "plugin": "tool"}, "c", "ctx")]
+
+    def fill(self, value: JsonLike) -> JsonLike:
+        """Replace the "CONTEXTS" placeholder of a tool result by fresh context messages."""
+        if isinstance(value, dict) and value.get("additionalContexts") == "CONTEXTS":
+            return {**value, "additionalContexts": self.contexts()}
+        return value
+
+    def happy_value(self, effect: int, kind: str) -> list[Input]:
+        payload = self.payloads[effect]
+        if kind == "prompt-submit":
+            return [Resolve(effect, {"kind": "allow"})]
+        if kind == "request":
+            config = payload.get("config")
+            valid = (isinstance(config, FrozenDict) and isinstance(config.get("provider"), str)
+                     and isinstance(config.get("model"), str)
+                     and bool(config.get("provider")) and bool(config.get("model")))
+            return [Resolve(effect, {"config": thaw(config) if valid
+                                     else {"provider": "p", "model": "m"}})]
+        if kind == "model":
+            return [Chunk(effect, {"type": "text", "text": "ok"}),
+                    Chunk(effect, {"type": "finish", "kind": "stop"}), End(effect)]
+        if kind == "tool-execute":
+            return [Resolve(effect, {"content": [_text_block("ok")]})]
+        if kind == "tool-finalize":
+            return [Resolve(effect, thaw(payload["result"]))]
+        return [Resolve(effect, None)]
+
+    @precondition(lambda self: bool(self.outstanding))
+    @rule(data=st.data(), oldest=st.booleans())
+    def complete_happily(self, data: st.DataObject, oldest: bool) -> None:
+        """Answer an outstanding effect the way a well-behaved environment would."""
+        ids = sorted(self.outstanding)
+        effect = ids[0] if oldest else data.draw(st.sampled_from(ids))
+        for item in self.happy_value(effect, self.outstanding[effect]):
+            self.complete(effect, item)
+        self.pull(400)
+
+    @precondition(lambda self: bool(self.outstanding))
+    @rule(data=st.data())
+    def complete_randomly(self, data: st.DataObject) -> None:
+        """Answer an outstanding effect with any value, valid or not, or raise."""
+        effect = data.draw(st.sampled_from(sorted(self.outstanding)))
+        kind = self.outstanding[effect]
+        if data.draw(st.integers(0, 5)) == 0 and kind != "model":
+            self.complete(effect, Raise(effect, data.draw(error_infos())))
+            return
+        value: JsonLike
+        if kind == "prompt-submit":
+            value = data.draw(st.sampled_from([
+                {"kind": "allow"}, {"kind": "allow", "content": [_text_block("REWRITTEN")]},
+                {"kind": "allow", "additionalContexts": "CONTEXTS"},
+                {"kind": "allow", "content": "bad"}, {"kind": "block", "reason": "no"},
+                {"kind": "block"}, {"kind": "maybe"}, None, {"kind": "allow", "extra": 1},
+                {"kind": "allow", "additionalContexts": [{"id": "", "role": "user"}]}]))
+            if isinstance(value, dict) and value.get("additionalContexts") == "CONTEXTS":
+                value = {**value, "additionalContexts": self.contexts()}
+        elif kind == "request":
+            value = data.draw(st.sampled_from([
+                {"config": {"provider": "p", "model": "m"}},
+                {"config": {"provider": "p", "model": "m2"}, "system": "sys"},
+                {"config": {"provider": "p", "model": "m"}, "tools": [{"name": "exc"}]},
+                {"config": {"model": "m"}}, {"config": {"provider": "", "model": "m"}},
+                {"config": {"provider": "p", "model": "m"}, "extra": 1}, "config", None]))
+        elif kind == "model":
+            choice = data.draw(st.integers(0, 9))
+            if choice == 0:
+                self.complete(effect, Raise(effect, data.draw(error_infos())))
+            elif choice == 1:
+                self.complete(effect, End(effect))
+            elif choice == 2:
+                self.complete(effect, Chunk(effect, data.draw(st.sampled_from(INVALID_CHUNKS))))
+            else:
+                self.complete(effect, Chunk(effect, data.draw(st.sampled_from(CHUNKS))))
+            return
+        elif kind == "tool-prepare":
+            value = data.draw(st.none() | st.none() | tool_results() | tool_results(False))
+        elif kind in ("tool-execute", "tool-finalize"):
+            value = data.draw(tool_results() | tool_results(False))
+        elif kind == "request-error":
+            value = data.draw(st.sampled_from([{"kind": "retry"}, None, {"kind": "stop"},
+                                               {"kind": "retry", "x": 1}]))
+        elif kind == "system-prompt":
+            value = data.draw(st.sampled_from([None, "you are", {"parts": ["a"]}]))
+        else:
+            value = data.draw(st.sampled_from([None, 1, "x"]))
+        self.complete(effect, Resolve(effect, self.fill(value)))
+
+    @precondition(lambda self: "model" in self.outstanding.values())
+    @rule(data=st.data())
+    def model_reply(self, data: st.DataObject) -> None:
+        """Stream a whole reply (chunks, then usually end) into an outstanding model call."""
+        effect = data.draw(st.sampled_from(sorted(
+            e for e, kind in self.outstanding.items() if kind == "model")))
+        calls = data.draw(st.lists(st.tuples(st.sampled_from(TOOLS),
+                                             st.sampled_from(ARGUMENTS)), max_size=3))
+        chunks: list[JsonLike] = []
+        if data.draw(st.booleans()):
+            chunks.append({"type": "text", "text": "t"})
+        for index, (name, arguments) in enumerate(calls):
+            chunks.append({"type": "tool-call", "id": f"c{index + 1}", "name": name,
+                           "arguments": arguments})
+        chunks.append(data.draw(st.sampled_from(CHUNKS[8:])))
+        for chunk in chunks:
+            self.complete(effect, Chunk(effect, chunk))
+        if data.draw(st.integers(0, 4)) != 0:
+            self.complete(effect, End(effect))
+
+    @rule(data=st.data(), how=st.sampled_from(["unknown", "finished", "wrong-kind",
+                                               "not-error"]))
+    def refused_completion(self, data: st.DataObject, how: str) -> None:
+        """P10: refused completions raise ProtocolError and change nothing."""
+        before = (len(self.core.log), self.core.status)
+        if how == "finished" and self.finished:
+            effect = data.draw(st.sampled_from(sorted(self.finished)))
+            item: Input = data.draw(st.sampled_from([Resolve(effect, None), End(effect),
+                                                     Chunk(effect, {"type": "text", "text": "x"}),
+                                                     Raise(effect, ErrorInfo("late"))]))
+        elif how == "wrong-kind" and self.outstanding:
+            effect = data.draw(st.sampled_from(sorted(self.outstanding)))
+            if self.outstanding[effect] == "model":
+                item = Resolve(effect, None)
+            else:
+                item = data.draw(st.sampled_from([End(effect),
+                                                  Chunk(effect, {"type": "text", "text": "x"})]))
+        elif how == "not-error" and self.outstanding:
+            effect = data.draw(st.sampled_from(sorted(self.outstanding)))
+            item = Raise(effect, "boom")  # type: ignore[arg-type]
+        else:
+            effect = 10_000 + data.draw(st.integers(0, 5))
+            item = Resolve(effect, None)
+        raised = self.feed(item)
+        if raised is None or raised[0] != ProtocolError.__name__:
+            self.fail(f"{item} was accepted (raised {raised})")
+        if (len(self.core.log), self.core.status) != before:
+            self.fail("a refused completion changed the state")
+
+
+DifferentialMachine.TestCase.settings = settings.get_profile(PROFILE)
+TestDifferential = DifferentialMachine.TestCase
+
+
+# --------------------------------------------------------------------------
+# Replaying a reported sequence
+# --------------------------------------------------------------------------
+
+
+def replay(document: str | dict[str, Any]) -> tuple[list[JsonLike], list[JsonLike]]:
+    """Re-run a reported input sequence on both sides; returns both output lists (JSON)."""
+    doc = json.loads(document) if isinstance(document, str) else document
+    config = make_config(doc["config"])
+    core = AgentCore(config, log=new_log(doc["config"]["seeded"]))
+    model = ModelAgent(config, log=new_log(doc["config"]["seeded"]))
+    outputs: tuple[list[JsonLike], list[JsonLike]] = ([], [])
+
+    def pull_to(count: int) -> None:
+        for side, out in ((core, outputs[0]), (model, outputs[1])):
+            while len(out) < count:
+                output = side.next_output()
+                if output is None:
+                    break
+                out.append(output_json(output))
+
+    for entry in doc["inputs"]:
+        pull_to(entry["when"])
+        item = input_from_json({k: v for k, v in entry.items() if k != "when"})
+        if isinstance(item, Raise) and not isinstance(entry.get("error"), dict):
+            continue
+        for side in (core, model):
+            try:
+                side.feed(item)
+            except Exception as exc:  # recorded by the differential run already
+                _ = exc
+    pull_to(doc["pulled"] + 1)
+    return outputs
