@@ -16,6 +16,10 @@ sessions (``machine.store.cli``, ``specs/persistence.md``).
 the machines' DOT diagrams and transition tables (``machine.diagrams``):
 ``--check`` exits 1 naming every stale file.
 
+``turnstile explore --depth N [--commands …] [--model]`` explores every
+decision sequence up to depth N (``machine.explore``), checking the runtime
+invariants and, with ``--model``, identical outputs from the reference model.
+
 ``turnstile run SCRIPT.json [--echo-inputs]`` runs a script of inputs through
 the core and prints every output as one JSON line (``machine.runner``,
 ``specs/scripts.md``); a malformed or refused script exits 2 with a message
@@ -239,10 +243,46 @@ def _run_run(args: argparse.Namespace) -> int:
 # Entry point
 # --------------------------------------------------------------------------
 
+# --------------------------------------------------------------------------
+# turnstile explore
+# --------------------------------------------------------------------------
+
+
+def _configure_explore(parser: argparse.ArgumentParser) -> None:
+    from machine.explore import COMMANDS as EXPLORE_COMMANDS
+    from machine.explore import DEFAULT_COMMANDS
+    parser.add_argument("--depth", type=int, default=6,
+                        help="how many decisions (commands and effect answers) per path")
+    parser.add_argument("--commands", default=",".join(DEFAULT_COMMANDS),
+                        help=f"comma-separated commands to explore (known: "
+                             f"{', '.join(sorted(EXPLORE_COMMANDS))}; 'all' for every one)")
+    parser.add_argument("--model", action="store_true",
+                        help="also run the reference model and require identical outputs")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="stop after this many seconds (reported as a budget stop)")
+    parser.add_argument("--quiet", action="store_true", help="no progress display")
+
+
+def _run_explore(args: argparse.Namespace) -> int:
+    from machine.explore import COMMANDS as EXPLORE_COMMANDS
+    from machine.explore import main_explore
+    names = sorted(EXPLORE_COMMANDS) if args.commands == "all" else [
+        c.strip() for c in args.commands.split(",") if c.strip()]
+    unknown = [n for n in names if n not in EXPLORE_COMMANDS]
+    if unknown or args.depth < 0:
+        problem = f"unknown command(s) {unknown}" if unknown else "--depth must be >= 0"
+        print(f"turnstile explore: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    return main_explore(args.depth, commands=names, with_model=args.model,
+                        budget_seconds=args.seconds, quiet=args.quiet)
+
+
 COMMANDS: Final[dict[str, Command]] = {
     "log": Command(help="session log tools", configure=_configure_log, run=_run_log),
     "diagrams": Command(help="machine diagrams and transition tables",
                         configure=_configure_diagrams, run=_run_diagrams),
+    "explore": Command(help="bounded exhaustive exploration of the core (invariants, model)",
+                       configure=_configure_explore, run=_run_explore),
     "run": Command(help="run a JSON script of inputs through the core",
                    configure=_configure_run, run=_run_run),
 }

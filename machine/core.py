@@ -194,7 +194,6 @@ class _Retro:
 
     inbox_slot: _DiscardSlot | None
     context_slot: _DiscardSlot | None
-    cursor: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -486,12 +485,22 @@ class AgentCore:
     def _cancel(self, cause: CancelCause, keep: bool) -> None:
         effective = (self._owner is not None or self._pending_retry
                      or (not keep and (len(self.inbox) > 0 or len(self.outbox) > 0)))
+        retro = self._retro
+        if retro is not None and retro.inbox_slot is not None and retro.context_slot is not None:
+            # P7: issued while an earlier cancel-requested is delivered, this cancel joins
+            # that one: what it would clear is already in the earlier reports.
+            held = bool(retro.inbox_slot.messages or retro.context_slot.messages)
+            effective = effective or (not keep and held)
+            if not effective:
+                return
+            if cause.kind != "disposed":
+                notice = Live(LiveEvent(ev.CANCEL_REQUESTED, FrozenDict({"cause": frozen_json(cause)})))
+                self._emit(_CancelRequested(notice, retro))
+            self._pending_retry = False
+            self._abort_owner(cause)
+            return
         if not effective:                               # R16.1: a no-op arms nothing
             return
-        # P7: a cancel issued while an earlier cancel-requested is delivered queues after
-        # everything already queued (so nothing is reported discarded before it is
-        # announced), and ends that earlier cancel's retroactive window.
-        self._retro = None
         inbox_slot = _DiscardSlot(ev.INBOX_DISCARD) if not keep else None
         context_slot = _DiscardSlot(ev.CONTEXT_DISCARD) if not keep else None
         if cause.kind != "disposed":                    # R16.2 step 1
@@ -503,8 +512,11 @@ class AgentCore:
             self._emit(inbox_slot)
             self._emit(context_slot)
         self._pending_retry = False                     # R16.2 step 3 (D2)
+        self._abort_owner(cause)                        # R16.2 step 4
+
+    def _abort_owner(self, cause: CancelCause) -> None:
         owner = self._owner
-        if owner is not None and owner.reason is None:  # R16.2 step 4, R16.3 first cause wins
+        if owner is not None and owner.reason is None:  # R16.3: the first cause wins
             owner.reason = cause
             self._emit(Control("abort", FrozenDict({"signal": owner.signal,
                                                     "reason": frozen_json(cause)})))
@@ -615,11 +627,13 @@ class AgentCore:
 
     def _emit(self, item: _Queued) -> None:
         retro = self._retro
-        if retro is not None:       # P7: before the pending discard reports
-            self._out.insert(retro.cursor, item)
-            retro.cursor += 1
-        else:
-            self._out.append(item)
+        if retro is not None and retro.inbox_slot is not None:
+            # P7: before the pending discard reports of the cancel being delivered
+            for index, queued in enumerate(self._out):
+                if queued is retro.inbox_slot:
+                    self._out.insert(index, item)
+                    return
+        self._out.append(item)
 
     def _emit_live(self, type_: str, **payload: Frozen) -> None:
         self._emit(Live(LiveEvent(type_, FrozenDict(payload))))
@@ -888,6 +902,7 @@ class AgentCore:
             if outcome.max_tokens:                                # R14.3
                 self._reason = MAX_TOKENS
             if outcome.concluded:
+                self._check_signal()                              # R8.4: before closing
                 return
             if outcome.continue_turn or self.outbox.has_steering:
                 self.lifecycle.fire("begin_step")
@@ -903,6 +918,7 @@ class AgentCore:
             self._check_signal()
             took_steering = yield from self._drain()
             if not took_steering:
+                self._check_signal()                              # R8.5: before closing
                 return
             self.lifecycle.fire("begin_step")
 

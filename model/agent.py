@@ -254,23 +254,23 @@ def _plan_arguments(raw: str) -> Frozen:
 
 def _header_problem(value: JsonLike) -> str | None:
     """P13: the request effect's value must be ``{config, system?, tools?}`` whose
-    ``config`` has non-empty string ``provider`` and ``model``."""
-    if not isinstance(value, (dict, FrozenDict)):
-        return "header: must be a mapping {config, system?, tools?}"
-    extra = sorted(set(value) - {"config", "system", "tools"})
+    ``config`` has non-empty string ``provider`` and ``model``. (The texts are the
+    project's; P13 does not state them.)"""
+    try:
+        header = freeze(value, "header")
+    except ValidationError as exc:
+        return str(exc)
+    if not isinstance(header, FrozenDict) or not isinstance(header.get("config"), FrozenDict):
+        return "the request header must be a mapping {config, system?, tools?}"
+    extra = sorted(set(header) - {"config", "system", "tools"})
     if extra:
-        return f"header: unexpected field(s) {', '.join(repr(k) for k in extra)}"
-    config = value.get("config")
-    if not isinstance(config, (dict, FrozenDict)):
-        return "header.config: must be a mapping"
+        return f"unexpected header field(s) {extra}"
+    config = header["config"]
+    assert isinstance(config, FrozenDict)
     for key in ("provider", "model"):
         item = config.get(key)
         if not isinstance(item, str) or not item:
-            return f"header.config.{key}: must be a non-empty string"
-    try:
-        freeze(value, "header")
-    except ValidationError as exc:
-        return str(exc)
+            return f"the request config has no {key}"
     return None
 
 
@@ -595,11 +595,16 @@ class ModelAgent:
         self._mail.append((effect, End(effect)))
 
     def _release(self, effect: int) -> None:
-        """P5: stop consuming a model stream: queue ``release``, count the effect as
-        completed and drop its buffered chunks."""
-        self._effects[effect].done = True
+        """P5: stop consuming a model stream: count the effect as completed, drop its
+        buffered chunks and queue ``release`` -- unless the environment had already
+        completed the stream (``end`` or ``raise`` received): then there is nothing left to
+        release (project reading of P5)."""
+        record = self._effects[effect]
+        already_complete = record.done
+        record.done = True
         self._mail = [(i, c) for i, c in self._mail if i != effect]
-        self._queue(Control("release", FrozenDict({"effect": effect})))
+        if not already_complete:
+            self._queue(Control("release", FrozenDict({"effect": effect})))
 
     def feed(self, item: Input) -> None:
         """P9: apply one input."""
@@ -1032,7 +1037,7 @@ class ModelAgent:
         try:
             system = freeze(completion.value, "system")
         except ValidationError as exc:
-            raise _generic(f"invalid system prompt: {exc}", "SystemPromptError",
+            raise _generic(str(exc), "InvalidSystemPromptError",
                            "INVALID_SYSTEM_PROMPT") from None
         self._check(controller)
         history_end = len(self.log)  # §9.4
@@ -1095,8 +1100,7 @@ class ModelAgent:
         self._check(controller)
         problem = _header_problem(completion.value)
         if problem is not None:
-            raise _generic(f"invalid request config: {problem}", "RequestConfigError",
-                           "INVALID_REQUEST_CONFIG")
+            raise _generic(problem, "RequestConfigError", "INVALID_REQUEST_CONFIG")
         header = freeze(completion.value, "header")
         assert isinstance(header, FrozenDict)
         last_header = self.log.last_header

@@ -125,9 +125,9 @@ def test_guarded_alternatives_end_in_an_unguarded_fallback_or_are_exhaustive(nam
             step(module.TABLE, module.NAME, state, trigger, valuation)
 
 
-def test_step_without_a_valuation_skips_guarded_alternatives() -> None:
+def test_step_without_a_valuation_refuses_a_guarded_trigger() -> None:
     guarded: Table = {("s", "t"): ((("g",), (), "u"),)}
-    with pytest.raises(TransitionError, match="no guard of 't' holds in state 's'"):
+    with pytest.raises(TransitionError, match="'t' in 's' is guarded; the guard values are required"):
         step(guarded, "m", "s", "t", None)
     assert step(guarded, "m", "s", "t", {"g": True}) == "u"
 

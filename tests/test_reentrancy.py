@@ -457,8 +457,6 @@ ROW_TOOLS = [
     tools_point("execute-c2", with_c1_context(hook_point("tool-execute", when=call_is("c2")))),
 ]
 
-# finalize answers must carry the body's result: the default finalize returns it unchanged.
-
 # --------------------------------------------------------------------------
 # Row: observers of the end-of-step drain's outputs
 # --------------------------------------------------------------------------
@@ -955,34 +953,9 @@ POINTS: list[Point] = [
     *ROW_DISCARD, *ROW_SESSION_START,
 ]
 
-# Cells where the core departs from the spec (strict xfail; see the report).
-_TS_DRAIN = ("core bug: a {cmd} from an observer of the turn-stopping drain's outputs closes the turn "
-             "'completed'; §19 (row 'the turn-stopping extension point; observers of its drain's "
-             "outputs': turn/end(aborted)) and §16.4 (turn window: the turn ends aborted or disposed). "
-             "AgentCore._steps leaves the loop after a drain that took no steering without checking "
-             "the signal before the close (§8.7)")
-_CONCLUDED = ("core bug: a {cmd} from the step/end observer of a step whose tool result concluded the "
-              "turn closes the turn 'completed'; §19 (step/end observers: the turn ends aborted) and "
-              "§16.4 (turn window: the turn ends aborted or disposed). AgentCore._steps returns on "
-              "'concluded' without a signal check before the close (§8.4/§8.7 leave it implicit)")
-_NESTED = ("core bug: cancel() from an agent/cancel-requested observer of an idle cancel with queued "
-           "input is a no-op; §19 (cancel-requested observers: the first cause stands; emits "
-           "agent/cancel-requested again) and §16.2 step 1 (observers run before anything is "
-           "cleared, so the queued item still makes the nested cancel effective, §16.1). "
-           "AgentCore._cancel clears the inbox before the notice is delivered and then judges the "
-           "nested cancel against the already-cleared state; P7 only re-routes input, not cancels")
-KNOWN_CORE_BUGS: dict[str, str] = {
-    "R19-turn-stopping-and-its-drain-turn-stopping-drain-output-observer-cancel-R8.5-R11.1-D3":
-        _TS_DRAIN.format(cmd="cancel"),
-    "R19-turn-stopping-and-its-drain-turn-stopping-drain-output-observer-dispose-R8.5-R11.1-D3":
-        _TS_DRAIN.format(cmd="dispose"),
-    "R19-step-end-observers-step-end-observer-concluding-step-cancel-R8.4-R10.6-R11.3":
-        _CONCLUDED.format(cmd="cancel"),
-    "R19-step-end-observers-step-end-observer-concluding-step-dispose-R8.4-R10.6-R11.3":
-        _CONCLUDED.format(cmd="dispose"),
-    "R19-cancel-requested-observers-cancel-requested-observer-while-idle-cancel-R16.2-R16.3-R5.2-P7":
-        _NESTED,
-}
+# Cells where the core departs from the spec (strict xfail with the reason). Empty: the
+# earlier ones (final signal check before closing, R8.4/R8.5; nested cancel joins, P7) are fixed.
+KNOWN_CORE_BUGS: dict[str, str] = {}
 
 
 def _cases() -> list[object]:

@@ -391,6 +391,9 @@ def test_B8_observer_failure_cannot_block_rejected_admission_append__R7_10_D7() 
     s.inject("retained context", "plugin:test")
     s.resolve("prompt-submit", {"kind": "block", "reason": "no"})
     assert s.log() == L("UM('retained context'; plugin:test)")
+    # neither removed nor delayed: appended at the rejected path, before continue-or-idle
+    assert s.trace(durable=("UM",), effects=("tick",))[-3:] == L(
+        "[UM('retained context';plugin:test)] tick(rejected-admission) idle")
     assert s.core.is_quiescent
     s.unhandle("prompt-submit")
     s.followup("resume")

@@ -10,11 +10,12 @@ a driver observer of that live output, which issues its command in place (rule P
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 from scenario_helpers import L, Scenario
 
-from machine.io import Control
+from machine.io import Control, Effect
 from machine.jsonvalue import FrozenDict
 from machine.scripted import calls_reply, ok_result
 from machine.vocabulary import ErrorInfo
@@ -146,7 +147,7 @@ def test_E10a_cancel_from_idle_notification_affects_only_its_window__R19_idle_R1
         s.followup("cancelled replacement")
         quiescent.append(s.core.is_quiescent)    # W = whenIdle(): pending
         s.cancel("user")
-    s.observe("agent/status", _once_on_idle(at_idle))  # type: ignore[arg-type]
+    s.observe("agent/status", _once_on_idle(at_idle))
     s.followup("first")
     s.run()
     assert s.trace()[-3:] == L("enq(cancelled replacement,q) cancel-req(user) "
@@ -160,13 +161,13 @@ def test_E10a_cancel_from_idle_notification_affects_only_its_window__R19_idle_R1
     s.check()
 
 
-def _once_on_idle(fn: object) -> object:
+def _once_on_idle(fn: Callable[[FrozenDict], None]) -> Callable[[FrozenDict], None]:
     state = {"done": False}
 
     def observer(payload: FrozenDict) -> None:
         if payload["status"] == "idle" and not state["done"]:
             state["done"] = True
-            fn(payload)  # type: ignore[operator]
+            fn(payload)
     return observer
 
 
@@ -177,7 +178,7 @@ def test_E10b_replacement_after_idle_cancel_survives__R19_idle_R16_4() -> None:
         s.followup("cancelled replacement")
         s.cancel("user")
         s.followup("surviving replacement")
-    s.observe("agent/status", _once_on_idle(at_idle))  # type: ignore[arg-type]
+    s.observe("agent/status", _once_on_idle(at_idle))
     s.followup("first")
     s.run()
     assert len(s.requests) == 2
@@ -186,8 +187,8 @@ def test_E10b_replacement_after_idle_cancel_survives__R19_idle_R16_4() -> None:
     s.check()
 
 
-def _hanging(*replies: object) -> tuple[Scenario, object]:
-    s = Scenario(*replies)  # type: ignore[arg-type]
+def _hanging() -> tuple[Scenario, Effect]:
+    s = Scenario()
     s.hold("model")
     s.followup("go")
     s.run()
@@ -203,7 +204,7 @@ def test_E11_cancel_while_streaming_drops_queued_tail__R9_7_R16_2_P14() -> None:
     s.followup("queued tail")
     s.cancel("user")
     s.run()
-    s.model_honours_abort(model)  # type: ignore[arg-type]
+    s.model_honours_abort(model)
     assert s.log() == L(HUNG_LOG)
     assert s.trace(durable=("SE", "TE"), effects=("flush",), since=mark) == L(
         "enq(queued tail,q) cancel-req(user) disc[queued tail] [SE(1.1)] [TE(1,aborted)] flush(1) "
@@ -220,7 +221,7 @@ def test_E12_cancel_discards_running_turn_steering__R16_2_P14() -> None:
     s.steer("steer text")
     s.cancel("user")
     s.run()
-    s.model_honours_abort(model)  # type: ignore[arg-type]
+    s.model_honours_abort(model)
     assert s.log() == L(HUNG_LOG)
     assert s.trace(since=mark) == L("enq(steer text,s) cancel-req(user) disc[steer text] "
                                     "settled(1,aborted) idle")
@@ -272,7 +273,7 @@ def test_E18a_first_cause_wins_and_is_a_detached_copy__R16_3() -> None:
     cause["kind"] = "user"
     s.cancel("user")
     s.run()
-    signal = model.payload["signal"]  # type: ignore[attr-defined]
+    signal = model.payload["signal"]
     reason = s.core.signal_reason(signal)
     assert reason is not None and reason.to_json() == {"kind": "parent"}
     assert reason is not cause
@@ -281,7 +282,7 @@ def test_E18a_first_cause_wins_and_is_a_detached_copy__R16_3() -> None:
     assert s.live_tokens("agent/cancel-requested") == ["cancel-req(parent)", "cancel-req(user)"]
     aborts = [o for o in s.outputs if isinstance(o, Control) and o.kind == "abort"]
     assert [a.payload["reason"] for a in aborts] == [{"kind": "parent"}]
-    s.model_honours_abort(model)  # type: ignore[arg-type]
+    s.model_honours_abort(model)
     assert s.log()[-1] == "TE(1,aborted)"
     s.check()
 
@@ -292,7 +293,7 @@ def test_E18b_user_cancel_beats_later_disposal__R16_3_R17_1() -> None:
     s.cancel("user")
     s.dispose()
     s.run()
-    s.model_honours_abort(model)  # type: ignore[arg-type]
+    s.model_honours_abort(model)
     assert s.log()[-1] == "TE(1,aborted)"
     assert s.trace(since=mark) == L(
         "cancel-req(user) settled(1,aborted) idle agent/disposed session/disposed")

@@ -36,61 +36,17 @@ from machine import events as ev
 from machine.core import AgentCore, CoreConfig
 from machine.errors import ProtocolError
 from machine.events import Event, LiveEvent
-from machine.io import (
-    FLUSH,
-    MODEL,
-    PROMPT_SUBMIT,
-    REQUEST,
-    REQUEST_ERROR,
-    STEP_HOOK,
-    SYSTEM_PROMPT,
-    TICK,
-    TOOL_EXECUTE,
-    TOOL_FINALIZE,
-    TOOL_PREPARE,
-    TURN_STOPPING,
-    Control,
-    Durable,
-    Effect,
-    Live,
-    Output,
-)
-from machine.jsonvalue import Frozen, FrozenDict, FrozenList, thaw
+from machine.io import MODEL, TICK, Durable, Effect, Input, Live, Output
+from machine.jsonvalue import FrozenDict
 from machine.log import SessionLog
+from machine.runtime.environment import SystemPrompt, perform
 from machine.runtime.failures import error_info
-from machine.runtime.hooks import (
-    Hooks,
-    JsonValue,
-    PromptSubmit,
-    RequestContext,
-    RequestErrorContext,
-    RetryAction,
-    StepContext,
-    TurnStopping,
-    Unsubscribe,
-)
-from machine.runtime.model import (
-    Chunk,
-    ModelAdapter,
-    ModelCall,
-    RequestDraft,
-    RequestPreparer,
-    default_header,
-)
+from machine.runtime.hooks import Hooks, JsonValue, Unsubscribe
+from machine.runtime.model import Chunk, ModelAdapter, ModelCall, RequestPreparer
 from machine.runtime.signal import Signal
 from machine.runtime.store import InMemorySessionStore, SessionStore
-from machine.runtime.tools import Tool, ToolCall, ToolRegistry, run_body, run_finalize, run_prepare
-from machine.vocabulary import (
-    ALLOW,
-    Allow,
-    Block,
-    CancelCause,
-    ErrorInfo,
-    LlmFailure,
-    Message,
-    Target,
-    user_message,
-)
+from machine.runtime.tools import Tool, ToolRegistry
+from machine.vocabulary import CancelCause, ErrorInfo, Message, Target, user_message
 
 __all__ = ["ALL_EVENTS", "Agent", "DurableEventType", "LiveEventType", "MessageLike",
            "SystemPrompt"]
@@ -113,8 +69,6 @@ LiveEventType: TypeAlias = Literal[
 #: A message argument: a `Message`, its JSON form, or a string (a user text message whose id
 #: the agent mints: ``user-1``, ``user-2``, ...).
 MessageLike: TypeAlias = "Message | Mapping[str, JsonValue] | str"
-#: The system prompt: a JSON value, or an async function of the step.
-SystemPrompt: TypeAlias = Callable[[StepContext], Awaitable[JsonValue]]
 CauseLike: TypeAlias = "Literal['user', 'parent'] | CancelCause | Mapping[str, JsonValue]"
 
 _Completion: TypeAlias = tuple[str, int, object]
@@ -266,6 +220,12 @@ class Agent:
                                   else list(source_event_seqs))
         self._commanded()
         return event
+
+    def _feed(self, item: Input) -> None:
+        """Apply a command given as data (rule P9), exactly as the command methods do."""
+        self._bind()
+        self._core.feed(item)
+        self._commanded()
 
     def dispose(self) -> Awaitable[None]:
         """Dispose now (``cancel({kind:'disposed'})``); await the result for teardown
@@ -497,58 +457,10 @@ class Agent:
             self._complete("resolve", effect.id, value)
 
     async def _work(self, effect: Effect) -> object:
-        payload, kind = effect.payload, effect.kind
-        if kind == FLUSH:
-            await self.store.flush()
-            return None
-        signal = self._signal(_int(payload, "signal"))
-        if kind == PROMPT_SUBMIT:
-            message = Message.from_json(payload["message"])
-            decision = await self.hooks.prompt_submit.run(PromptSubmit(message, signal), ALLOW)
-            return decision.to_json() if isinstance(decision, (Allow, Block)) else decision
-        if kind == TURN_STOPPING:
-            await self.hooks.turn_stopping.run(TurnStopping(_int(payload, "turn"), signal))
-            return None
-        turn, step = _int(payload, "turn"), _int(payload, "step")
-        if kind == STEP_HOOK:
-            await self.hooks.step.run(StepContext(turn, step, signal))
-            return None
-        if kind == SYSTEM_PROMPT:
-            if callable(self.system):
-                return await self.system(StepContext(turn, step, signal))
-            return self.system
-        if kind == REQUEST:
-            return await self._prepare(turn, step, signal, payload)
-        if kind == REQUEST_ERROR:
-            return await self._recover(turn, step, signal, payload)
-        call = ToolCall(str(payload["callId"]), str(payload["name"]), thaw(payload["arguments"]),
-                        turn, step, signal)
-        if kind == TOOL_PREPARE:
-            return await run_prepare(self.tools, call)
-        if kind == TOOL_EXECUTE:
-            return await run_body(self.tools, call)
-        if kind == TOOL_FINALIZE:
-            return await run_finalize(self.tools, call, thaw(payload["result"]))
-        raise ProtocolError(f"unknown effect kind {kind!r}")
-
-    async def _prepare(self, turn: int, step: int, signal: Signal, payload: FrozenDict) -> object:
-        seed = payload["config"]
-        assert isinstance(seed, FrozenDict)
-        system: Frozen = payload.get("system")
-        config = await self.hooks.request.run(RequestContext(turn, step, signal, seed, system), seed)
-        draft = RequestDraft(turn, step, signal, config, system, tuple(self.tools.specs()))
-        if isinstance(self.model, RequestPreparer):
-            return await self.model.prepare(draft)
-        return default_header(draft)
-
-    async def _recover(self, turn: int, step: int, signal: Signal, payload: FrozenDict) -> object:
-        prior = payload.get("priorFailures")
-        context = RequestErrorContext(
-            turn, step, signal, ErrorInfo.from_json(payload["error"]),
-            LlmFailure.from_json(payload["failure"]),
-            tuple(LlmFailure.from_json(f) for f in prior) if isinstance(prior, FrozenList) else ())
-        action = await self.hooks.request_error.run(context, None)
-        return action.to_json() if isinstance(action, RetryAction) else action
+        signal = self._signal(_int(effect.payload, "signal")) if "signal" in effect.payload else None
+        preparer = self.model if isinstance(self.model, RequestPreparer) else None
+        return await perform(effect, signal, hooks=self.hooks, tools=self.tools,
+                             system=self.system, store=self.store, preparer=preparer)
 
     async def _stream(self, effect: Effect) -> None:
         payload, effect_id = effect.payload, effect.id

@@ -33,7 +33,7 @@ __all__ = ["RETRY", "Hooks", "JsonValue", "Next", "PromptSubmit", "RequestContex
            "TurnStopping", "Unsubscribe", "Waterfall", "WaterfallHandler"]
 
 #: A JSON value as plain or frozen data (rule V1), without ``Any``.
-JsonValue: TypeAlias = "None | bool | int | float | str | Sequence[JsonValue] | Mapping[str, JsonValue]"
+JsonValue: TypeAlias = "bool | int | float | str | Sequence[JsonValue] | Mapping[str, JsonValue] | None"
 #: Calling it undoes a registration.
 Unsubscribe: TypeAlias = Callable[[], None]
 

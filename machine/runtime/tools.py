@@ -24,7 +24,6 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-from machine.jsonvalue import thaw
 from machine.runtime.failures import RaisedError, error_info
 from machine.runtime.hooks import JsonValue
 from machine.runtime.signal import Signal
@@ -191,7 +190,3 @@ async def run_finalize(registry: ToolRegistry, call: ToolCall, result: JsonValue
         return result
     return result_json(await found.finalize(call, ToolResult.from_json(result)))
 
-
-def frozen_result(value: object) -> JsonValue:
-    """Plain JSON of a frozen payload value."""
-    return thaw(value)  # type: ignore[no-any-return]

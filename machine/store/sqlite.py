@@ -59,6 +59,13 @@ class _Handle:
     pending: list[Event] = field(default_factory=list)
 
 
+def _blob(value: object) -> bytes:
+    """A stored record as bytes, whatever type damage left in the column."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    return str(value).encode("utf-8", "surrogatepass")
+
+
 def _row(session_id: str, event: Event) -> tuple[str, int, int, bytes]:
     raw = event_bytes(event)
     return session_id, event.seq, zlib.crc32(raw), raw
@@ -139,7 +146,7 @@ class SqliteStore(BaseStore[_Handle]):
                                (session_id,)).fetchone()
         if row is None:
             raise SessionNotFoundError(f"no session {session_id!r} in {self.path}")
-        return bytes(row[0])
+        return _blob(row[0])
 
     def _read(self, session_id: str) -> StoredSession:
         try:
@@ -150,7 +157,7 @@ class SqliteStore(BaseStore[_Handle]):
         except sqlite3.DatabaseError as error:
             raise DamageError(session_id, [Damage("undecodable", None, None,
                                                   f"database: {error}")]) from error
-        records = [decode_event(position, None, crc, bytes(record), idx)
+        records = [decode_event(position, None, crc, _blob(record), idx)
                    for position, (idx, crc, record) in enumerate(rows)]
         return StoredSession(info, header_damage, records)
 
