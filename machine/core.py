@@ -45,6 +45,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
 
+from machine import decisions
 from machine import events as ev
 from machine.errors import DisposedError, ProtocolError, ValidationError
 from machine.events import Event, LiveEvent
@@ -227,7 +228,8 @@ class _Failure(Exception):
 @dataclass(slots=True)
 class _StepOutcome:
     request_failed: bool = False
-    continue_turn: bool = False
+    had_calls: bool = False
+    took_steering: bool = False
     concluded: bool = False
     max_tokens: bool = False
 
@@ -448,27 +450,28 @@ class AgentCore:
     def _route(self, message: Message, options: SendOptions) -> None:
         retro = self._retro
         cleared = retro is not None and retro.inbox_slot is not None
-        if options.target == "next-step" and not options.wakeup:
-            if self.window.is_open:                     # R5.2: staged, nothing emitted
-                if cleared:                             # P7: cleared by the same cancel
-                    assert retro is not None and retro.context_slot is not None
-                    retro.context_slot.messages.append(message)
-                else:
-                    self.outbox.stage(message, False)
-            else:                                       # R5.2 / D4: appended at once
-                self._emit(Durable(self.log.commit(ev.USER_MESSAGE, message, surface_op=APPEND)))
+        where = decisions.route(options.target, options.wakeup, self.window.is_open)  # R5.2-R5.3
+        if where == "stage-context":                    # R5.2: staged, nothing emitted
+            if cleared:                                 # P7: cleared by the same cancel
+                assert retro is not None and retro.context_slot is not None
+                retro.context_slot.messages.append(message)
+            else:
+                self.outbox.stage(message, False)
             return
-        steering = options.target == "next-step" and self.window.is_open   # R5.3
-        if steering:
+        if where == "append-now":                       # R5.2 / D4: appended at once
+            self._emit(Durable(self.log.commit(ev.USER_MESSAGE, message, surface_op=APPEND)))
+            return
+        if where == "stage-steering":
             if not cleared:
                 self.outbox.stage(message, True)
         else:
             if not cleared:
                 self.inbox.enqueue(message, options.wakeup)
-            if options.wakeup:
+            if decisions.requests_wake(where, options.wakeup, self.lifecycle.busy,
+                                       self.wake_pending):
                 self._request_wake()                    # R5.4: before the enqueue notice
         self._emit_live(ev.INBOX_ENQUEUE, message=frozen_message(message),
-                        placement="steering" if steering else "queued")
+                        placement="steering" if where == "stage-steering" else "queued")
         if cleared:                                     # P7: reported by the same cancel
             assert retro is not None and retro.inbox_slot is not None
             retro.inbox_slot.messages.append(message)
@@ -483,8 +486,8 @@ class AgentCore:
         self._emit(effect)
 
     def _cancel(self, cause: CancelCause, keep: bool) -> None:
-        effective = (self._owner is not None or self._pending_retry
-                     or (not keep and (len(self.inbox) > 0 or len(self.outbox) > 0)))
+        effective = decisions.cancel_effective(self._owner is not None, self._pending_retry, keep,
+                                               len(self.inbox), len(self.outbox))     # R16.1
         retro = self._retro
         if retro is not None and retro.inbox_slot is not None and retro.context_slot is not None:
             # P7: issued while an earlier cancel-requested is delivered, this cancel joins
@@ -811,7 +814,7 @@ class AgentCore:
         self.window.fire("reject")
         self.lifecycle.fire("reject")
         self._ctrl = None
-        if not self.outbox.has_steering:
+        if decisions.rejected_flush_appends(self.outbox.has_steering, len(self.outbox)):
             while len(self.outbox) and not self.outbox.has_steering:
                 context, _ = self.outbox.take()
                 yield self._commit(ev.USER_MESSAGE, context, surface=True)
@@ -834,7 +837,8 @@ class AgentCore:
             turn = self._turn
             yield self._commit(ev.TURN_START, {"turn": turn, "trigger": trigger})  # R8.2
             try:
-                yield from self._drain(limit=inherited)           # R8.3.1
+                yield from self._drain(                           # R8.3.1
+                    limit=decisions.inherited_take(inherited, len(self.outbox)))
                 for message in admitted:                          # R8.3.2
                     yield self._commit(ev.USER_MESSAGE, message, surface=True)
                 self._check_signal()                              # R8.3.3
@@ -869,8 +873,11 @@ class AgentCore:
     def _classify(self, failure: _Aborted | _Failure) -> Generator[Output | _Wait, _Mail | None, None]:
         """R15: set the durable reason and settle reason; report errors."""
         ctrl = self._ctrl
-        if ctrl is not None and ctrl.reason is not None:          # R15.1
-            self._reason = DISPOSED if ctrl.reason.kind == "disposed" else ABORTED
+        outcome = decisions.classify(
+            ctrl.reason.kind if ctrl is not None and ctrl.reason is not None else None,
+            isinstance(failure, _Failure) and failure.request_failure is not None)
+        if not decisions.reports_error(outcome):                  # R15.1
+            self._reason = DISPOSED if outcome == "disposed" else ABORTED
             self._settle = ABORTED
             return
         assert isinstance(failure, _Failure)
@@ -901,10 +908,12 @@ class AgentCore:
             self._prior_failures = []                             # R13.4
             if outcome.max_tokens:                                # R14.3
                 self._reason = MAX_TOKENS
-            if outcome.concluded:
+            following = decisions.after_step(outcome.had_calls, outcome.concluded,
+                                             outcome.took_steering, self.outbox.has_steering)
+            if following == "close":
                 self._check_signal()                              # R8.4: before closing
                 return
-            if outcome.continue_turn or self.outbox.has_steering:
+            if following == "next-step":
                 self.lifecycle.fire("begin_step")
                 continue
             self.lifecycle.fire("stop_turn")                      # R8.5
@@ -963,12 +972,12 @@ class AgentCore:
             "system": frozen_system}))                             # R9.6
         self._check_signal()
         header = self._validate_header(raw_header)
-        if not self._header_logged:
-            reason = "resume" if self.log.has_header else "initial"
-            self._header_logged = True
-            yield self._commit(ev.REQUEST_HEADER, {"header": header, "reason": reason})
-        elif canonical_json(header) != canonical_json(self.log.last_header):
-            yield self._commit(ev.REQUEST_HEADER, {"header": header, "reason": "change"})
+        header_reason = decisions.header_reason(
+            self._header_logged, self.log.has_header,
+            self._header_logged and canonical_json(header) != canonical_json(self.log.last_header))
+        self._header_logged = True
+        if header_reason is not None:
+            yield self._commit(ev.REQUEST_HEADER, {"header": header, "reason": header_reason})
         self.lifecycle.fire("stream")                             # R9.7
         config = header["config"]
         assert isinstance(config, FrozenDict)
@@ -1048,7 +1057,7 @@ class AgentCore:
         self.lifecycle.fire("end_step")
         took_steering = yield from self._drain()                  # R9.10
         yield self._commit(ev.STEP_END, {"turn": turn, "step": step})
-        return _StepOutcome(continue_turn=(bool(calls) and not concluded) or took_steering,
+        return _StepOutcome(had_calls=bool(calls), took_steering=took_steering,
                             concluded=concluded, max_tokens=max_tokens)
 
     def _validate_header(self, value: JsonLike) -> FrozenDict:
@@ -1289,8 +1298,9 @@ class AgentCore:
                 call.outcome, call.error = "failed", _invalid_result(problem)
                 call.error_code = "INVALID_TOOL_RESULT"
                 return False
-        body_ok = call.result is not None and not call.result.is_error
-        if call.aborted_at_settle and body_ok and not call.from_prepare:   # R10.11
+        body_is_error = call.result is None or call.result.is_error
+        if decisions.tool_result_aborted(call.aborted_at_settle, body_is_error,
+                                         call.from_prepare):              # R10.11
             yield self._tool_result(call, ABORTED_ERROR, ABORTED_TEXT)
         else:
             block: dict[str, Frozen] = {"type": "tool-result", "toolCallId": call.call_id,
@@ -1308,7 +1318,7 @@ class AgentCore:
             if result.meta is not None:
                 data["meta"] = result.meta
             yield self._commit(ev.TOOL_RESULT, data, surface=True, sources=[call.call_seq])
-            concludes = result.concludes_turn and not result.is_error  # R10.6
+            concludes = decisions.concludes(result.concludes_turn, result.is_error, False)  # R10.6
         for context in result.additional_contexts:            # R10.4.4
             self.outbox.stage(context, False)
         return concludes

@@ -70,14 +70,18 @@ from machine.io import (
     TOOL_PREPARE,
     TURN_STOPPING,
     Cancel,
+    Chunk,
     Control,
     Dispose,
     Effect,
+    End,
     Input,
     Output,
+    Raise,
+    Resolve,
     Send,
 )
-from machine.jsonvalue import FrozenDict
+from machine.jsonvalue import FrozenDict, thaw
 from machine.runtime.environment import SystemPrompt, perform
 from machine.runtime.failures import error_info
 from machine.runtime.hooks import Hooks, JsonValue
@@ -240,9 +244,56 @@ Action: TypeAlias = Issue | Deliver | Respond
 
 
 class InterleavingDriver(Driver):
-    """A `Driver` that can also deliver some outputs and answer a chosen pending effect."""
+    """A `Driver` that can also deliver some outputs and answer a chosen pending effect, and
+    records the inputs it applies with their positions (`script`)."""
 
     refused: list[tuple[Input, TurnstileError]]
+    applied: list[tuple[int, Input]]
+
+    def feed(self, item: Input) -> None:
+        """Apply a command (or completion) now, recording it."""
+        self.applied.append((len(self.outputs), item))
+        self.core.feed(item)
+
+    def _apply(self, effect: Effect, answer: Answer | Reply) -> None:
+        position = len(self.outputs)
+        if effect.kind == MODEL and isinstance(answer, ErrorInfo):
+            self.applied.append((position, Raise(effect.id, answer)))
+        elif effect.kind == MODEL:
+            assert not isinstance(answer, ErrorInfo)
+            self.applied.extend((position, Chunk(effect.id, c)) for c in answer)
+            self.applied.append((position, End(effect.id)))
+        else:
+            assert isinstance(answer, tuple)
+            verb, value = answer
+            self.applied.append((position, Raise(effect.id, value) if verb == "raise"
+                                 else Resolve(effect.id, value)))
+        super()._apply(effect, answer)
+
+    def script(self) -> dict[str, JsonValue]:
+        """The applied inputs as a script for ``turnstile run`` (specs/scripts.md): each input
+        is placed with ``when`` = the JSON of the last output pulled before it (``here`` when
+        nothing was pulled in between). Raises `ValueError` if such a pattern would match an
+        earlier output first (identical outputs in between)."""
+        config = self.core.config
+        inputs: list[JsonValue] = []
+        pulled = [o.to_json() for o in self.outputs]
+        last = 0
+        for position, item in self.applied:
+            entry = dict(item.to_json())
+            if position == last:
+                entry["when"] = "here"
+            else:
+                pattern = pulled[position - 1]
+                if pattern in pulled[last:position - 1]:
+                    raise ValueError(f"output {position - 1} is not the first match of its JSON")
+                entry["when"] = pattern
+            last = position
+            inputs.append(entry)
+        return {"version": 1, "config": {
+            "requestOptions": thaw(FrozenDict(config.request_options)), "toolModes": dict(config.tool_modes),
+            "maxParallelToolCalls": config.max_parallel_tool_calls,
+            "sessionStart": config.session_start, "publish": config.publish}, "inputs": inputs}
 
     def deliver(self, count: int) -> None:
         for _ in range(count):
@@ -285,6 +336,7 @@ class Interleaving:
             env.replies = list(self.replies)
         driver = InterleavingDriver(AgentCore(self.config, clock=itertools.count().__next__), env)
         driver.refused = []
+        driver.applied = []
         if isinstance(env, HooksEnvironment):
             env.attach(driver)
         if setup is not None:
@@ -296,7 +348,7 @@ class Interleaving:
                 driver.respond(action.pick)
             else:
                 try:
-                    driver.core.feed(action.command)
+                    driver.feed(action.command)
                 except TurnstileError as error:
                     driver.refused.append((action.command, error))
         if settle:

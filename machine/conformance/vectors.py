@@ -65,7 +65,7 @@ CONFIG_FIELDS: Final = {"requestOptions": "request_options", "toolModes": "tool_
 TOP_FIELDS: Final = ("version", "id", "title", "rules", "tags", "config", "seed", "steps")
 REQUIRED_TOP: Final = frozenset({"version", "id", "title", "rules", "tags", "config", "steps"})
 ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
-RULE_PATTERN: Final = re.compile(r"(R\d+(\.\d+)*|D[1-8]|P\d+)\Z")
+RULE_PATTERN: Final = re.compile(r"(R\d+(\.\d+)*|D[1-8]|[PLVE]\d+)\Z")
 TAG_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9:._-]*\Z")
 
 

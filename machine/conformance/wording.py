@@ -1,12 +1,13 @@
 """Implementation-worded fields of outputs (specs/conformance/PROTOCOL.md §Comparison).
 
-The spec fixes the *codes* of the failures the core synthesises itself
-(``INVALID_CHUNK``, ``INVALID_TOOL_RESULT``, ``INVALID_REQUEST_CONFIG``,
-``INVALID_SYSTEM_PROMPT``) and the prefix of the invalid-decision warning,
-but not the human text that explains them, nor the class name the core gives
-the error. `loose_fields` finds those fields in an output, so that a vector
-(or a trace check) compares them by prefix only. Everything else an output
-carries is compared exactly.
+The spec fixes the names and codes of the errors the core builds itself
+(R15.4: ``InvalidChunkError``/``INVALID_CHUNK``, ``InvalidToolResultError``/
+``INVALID_TOOL_RESULT``, ``RequestConfigError``/``INVALID_REQUEST_CONFIG``,
+``InvalidSystemPrompt``/``INVALID_SYSTEM_PROMPT``) and the prefix of the
+invalid-decision warning (R0.8, R7.11), but not the human text that says
+what is wrong. `loose_fields` finds those texts in an output, so that a
+vector (or a trace check) compares them by prefix only. Everything else an
+output carries is compared exactly.
 """
 
 from __future__ import annotations
@@ -17,12 +18,10 @@ from machine.conformance.jsoncmp import Path
 
 __all__ = ["INVALID_DECISION_PREFIX", "SYNTHESISED_CODES", "loose_fields"]
 
-#: Codes of failures whose message (and error name) the implementation words.
+#: Codes of the errors the core builds, whose message the implementation words (R15.4).
 SYNTHESISED_CODES: Final = frozenset({
     "INVALID_CHUNK", "INVALID_TOOL_RESULT", "INVALID_REQUEST_CONFIG", "INVALID_SYSTEM_PROMPT",
 })
-#: The error name the core gives a failure it builds from an ``error``/``aborted`` finish chunk.
-SYNTHESISED_NAMES: Final = frozenset({"ModelRequestError"})
 #: R7.11: the warning text is this prefix followed by an implementation-worded problem.
 INVALID_DECISION_PREFIX: Final = "prompt admission returned an invalid decision: "
 
@@ -42,13 +41,8 @@ def loose_fields(output: dict[str, Any]) -> dict[Path, str]:
 def _walk(value: Any, path: Path, loose: dict[Path, str]) -> None:
     if isinstance(value, dict):
         code = value.get("code")
-        if code in SYNTHESISED_CODES:
-            if isinstance(value.get("message"), str):
-                loose[(*path, "message")] = ""
-            if isinstance(value.get("name"), str):
-                loose[(*path, "name")] = ""
-        elif value.get("name") in SYNTHESISED_NAMES and isinstance(value.get("message"), str):
-            loose[(*path, "name")] = ""
+        if code in SYNTHESISED_CODES and isinstance(value.get("message"), str):
+            loose[(*path, "message")] = ""
         for key, item in value.items():
             if isinstance(item, (dict, list)):
                 _walk(item, (*path, key), loose)

@@ -1,26 +1,28 @@
-"""Replay a script (specs/scripts.md) or conformance vector through the asyncio `Agent`.
+"""Replay scripts and conformance vectors through the asyncio `Agent` (specs/runtime.md RT14).
 
-This is the runtime's equivalence proof (specs/runtime.md RT14): the same
-inputs, applied through the asyncio runtime instead of directly to the core,
-must give exactly the core's outputs.
+This is the runtime's equivalence proof: the same inputs, applied through the
+asyncio runtime instead of directly to the core, give exactly the core's
+outputs.
 
 The agent runs with a *puppet environment*: its prompt-submit, step,
 turn-stopping and request-error handlers, its system prompt, its model
 adapter (with request preparation), its tools and its session store all wait
-for the script to say how they complete, and then return, raise or stream
-exactly that. The script's inputs are applied where it says:
+until the script says how they complete, then return, raise or stream exactly
+that. Ticks are held likewise. Each input is applied where it is placed:
 
-* an input with ``"when": PATTERN`` is applied by an output listener, at the
-  first matching output (an observer position), and ``"when": "here"`` inputs
-  after it at the same position;
-* an input without ``when`` is applied from outside once the runtime has
-  settled (the core waits for input and every task waits for the script);
-* a command goes through the agent's command path; a completion is handed to
-  the puppet handling that effect (ticks are held and released likewise).
+* at an *observer position*: by an output listener, when the output it
+  follows is delivered — the n-th output (vectors: an input step after n
+  output steps), or the first output matching a pattern (scripts:
+  ``"when": PATTERN``); inputs placed at the same position (``"when":
+  "here"``, consecutive input steps) follow in order;
+* *after the runtime settles* (scripts: no ``when``; vectors: an input after
+  ``{"out": "none"}``): from outside, once the core waits for input and every
+  task waits for the script.
 
-`replay` returns the outputs (JSON, as ``turnstile run`` prints them) and
-the refusal, if an input was refused; `compare` runs both and reports the
-first difference.
+A command goes through the agent's own command path; a completion is handed
+to the puppet serving that effect. `replay_script` and `check_vector` return
+``None`` when the runtime's outputs are exactly the core's (the vector's), or
+a description of the first difference.
 """
 
 from __future__ import annotations
@@ -31,9 +33,12 @@ import json
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, Final, Literal, TypeAlias, cast
 
+from machine.conformance import jsoncmp
+from machine.conformance.subjects import fake_clock, raise_kind
+from machine.conformance.vectors import COMPLETIONS, Vector, config_from_json, seed_events
+from machine.core import CoreConfig
 from machine.errors import TurnstileError
 from machine.io import (
     FLUSH,
@@ -57,7 +62,8 @@ from machine.io import (
     Resolve,
     input_from_json,
 )
-from machine.runner import HERE, Script, ScriptError, ScriptInput, matches, parse_script, run_script
+from machine.log import SessionLog
+from machine.runner import HERE, Script, ScriptError, matches, run_script
 from machine.runtime.agent import Agent
 from machine.runtime.failures import RaisedError
 from machine.runtime.hooks import (
@@ -72,26 +78,44 @@ from machine.runtime.hooks import (
 )
 from machine.runtime.model import ModelCall, RequestDraft
 from machine.runtime.store import InMemorySessionStore
-from machine.runtime.tools import Tool, ToolCall, ToolOutput, ToolRegistry, _Verbatim
+from machine.runtime.tools import Tool, ToolCall, ToolMode, ToolOutput, ToolRegistry, _Verbatim
 from machine.vocabulary import ErrorInfo, PromptDecision, ToolResult
 
-__all__ = ["Replay", "compare", "load_vector", "replay", "replay_script"]
+__all__ = ["Placed", "Replay", "check_vector", "replay", "replay_script", "script_inputs",
+           "vector_inputs"]
 
-#: Fields a conformance vector may carry beside a script's own fields.
-VECTOR_EXTRAS: Final = ("outputs", "expected", "id", "name", "title", "rules", "notes")
 _SETTLE_PASSES: Final = 10_000
+#: Where an input is applied: after exactly n outputs, at the first output matching a pattern,
+#: at the same position as the previous input, or after the runtime settles.
+Where: TypeAlias = "int | Mapping[str, Any] | Literal['here'] | None"
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """One input (P9 JSON; ``effect`` may be a selector object) and where it is applied."""
+
+    value: Mapping[str, Any]
+    where: Where
+    label: str
 
 
 @dataclass
 class Replay:
-    """The result of a replay: every output's JSON, and the refusal that stopped it (if any)."""
+    """Every output's JSON, and how each input was taken: ``None`` (accepted) or
+    ``(kind, message)`` with kind as vectors name it (``validation``, ``protocol``, ...)."""
 
     outputs: list[dict[str, Any]] = field(default_factory=list)
-    refused: str | None = None
+    taken: list[tuple[str, str] | None] = field(default_factory=list)
+    stopped: str | None = None
+
+
+# --------------------------------------------------------------------------
+# The puppet environment
+# --------------------------------------------------------------------------
 
 
 class _Puppet:
-    """The scripted environment: each effect's handler waits for the script's completion."""
+    """Each effect's handler waits for the script's completion of that effect."""
 
     def __init__(self) -> None:
         self.unclaimed: dict[str, deque[int]] = defaultdict(deque)
@@ -101,7 +125,6 @@ class _Puppet:
         self.pending = 0          # orders given and not yet taken
         self.ticks: set[int] = set()
 
-    # -- bookkeeping -----------------------------------------------------------
     def requested(self, effect: Effect) -> None:
         if effect.kind != TICK:
             self.unclaimed[effect.kind].append(effect.id)
@@ -110,8 +133,8 @@ class _Puppet:
         """Tasks start in request order, so the n-th handler of a kind serves the n-th effect."""
         return self.unclaimed[kind].popleft()
 
-    def order(self, effect_id: int, kind: str, value: object) -> None:
-        self.orders[effect_id].append((kind, value))
+    def order(self, effect_id: int, verb: str, value: object) -> None:
+        self.orders[effect_id].append((verb, value))
         self.pending += 1
         waiter = self.waiters.get(effect_id)
         if waiter is not None and not waiter.done():
@@ -131,14 +154,12 @@ class _Puppet:
         return self.orders[effect_id].popleft()
 
     async def value(self, kind: str) -> object:
-        """Serve the next effect of *kind*: its resolved value, or raise its error."""
         verb, value = await self.take(self.claim(kind))
         if verb == "raise":
             assert isinstance(value, ErrorInfo)
             raise RaisedError(value)
         return value
 
-    # -- the environment ---------------------------------------------------------
     async def prompt_submit(self, _context: PromptSubmit, _next: Next[PromptDecision]
                             ) -> PromptDecision:
         return cast(PromptDecision, await self.value(PROMPT_SUBMIT))
@@ -193,84 +214,78 @@ class _PuppetStore(InMemorySessionStore):
         await super().flush()
 
 
-def _agent(script: Script, puppet: _Puppet) -> Agent:
-    config = script.config
+def _agent(config: CoreConfig, puppet: _Puppet, session: SessionLog | None) -> Agent:
     hooks = Hooks()
     hooks.prompt_submit.use(puppet.prompt_submit)
     hooks.step.use(puppet.step)
     hooks.turn_stopping.use(puppet.turn_stopping)
     hooks.request_error.use(puppet.request_error)
 
-    def puppet_tool(name: str, mode: Any) -> Tool:
+    def puppet_tool(name: str, mode: ToolMode) -> Tool:
         return Tool(name, puppet.tool_run, mode, prepare=puppet.tool_prepare,
                     finalize=puppet.tool_finalize)
 
     registry = ToolRegistry([puppet_tool(name, mode) for name, mode in config.tool_modes.items()],
                             fallback=puppet_tool("*", "exclusive"))
     clock = itertools.count()
-    return Agent(puppet, tools=registry, hooks=hooks, system=puppet.system,
-                 request_options=dict(config.request_options),
-                 max_parallel_tool_calls=config.max_parallel_tool_calls,
-                 store=_PuppetStore(puppet), session_start=config.session_start,
-                 publish=config.publish, clock=lambda: next(clock))
-
-
-async def replay(script: Script) -> Replay:
-    """Run *script* through an `Agent` with a puppet environment (see the module docstring)."""
-    puppet = _Puppet()
-    agent = _agent(script, puppet)
+    agent = Agent(puppet, tools=registry, hooks=hooks, system=puppet.system,
+                  request_options=dict(config.request_options),
+                  max_parallel_tool_calls=config.max_parallel_tool_calls,
+                  store=_PuppetStore(puppet), session=session,
+                  session_start=config.session_start, publish=config.publish,
+                  clock=lambda: next(clock))
     agent._on_tick = puppet.ticks.add        # ticks wait for the script too
+    return agent
+
+
+# --------------------------------------------------------------------------
+# The replay
+# --------------------------------------------------------------------------
+
+
+async def replay(placed: Sequence[Placed], config: CoreConfig, *,
+                 session: SessionLog | None = None, stop_on_refusal: bool = False) -> Replay:
+    """Apply *placed* inputs through an `Agent` with a puppet environment (module docstring)."""
+    puppet = _Puppet()
+    agent = _agent(config, puppet, session)
     result = Replay()
     effects: dict[int, dict[str, Any]] = {}
     finished: set[int] = set()              # completed by the script (maybe not yet fed)
-    inputs = script.inputs
     cursor = 0
 
-    def refuse(item: ScriptInput, problem: str) -> None:
-        nonlocal cursor
-        if result.refused is None:
-            result.refused = f"{item.path}: {problem}"
-        cursor = len(inputs)
+    def live_effects() -> list[int]:
+        return [e for e in agent.core.outstanding_effects if e not in finished]
 
-    def effect_of(item: ScriptInput) -> int | None:
-        live = [e for e in agent.core.outstanding_effects if e not in finished]
-        if item.selector is None:
-            effect_id = item.value.get("effect")
-            assert isinstance(effect_id, int)
-            return effect_id
-        return next((e for e in live if e in effects and matches(item.selector, effects[e])), None)
-
-    def apply(item: ScriptInput) -> None:
+    def take(item: Placed) -> tuple[str, str] | None:
         value = dict(item.value)
-        if item.selector is not None:
-            chosen = effect_of(item)
+        completion = value.get("in") in COMPLETIONS
+        selector = value.get("effect") if completion else None
+        if isinstance(selector, Mapping):
+            chosen = next((e for e in live_effects()
+                           if e in effects and matches(selector, effects[e])), None)
             if chosen is None:
-                refuse(item, "no outstanding effect matches the selector")
-                return
+                return "selector", f"no outstanding effect matches {json.dumps(selector)}"
             value["effect"] = chosen
-        applied: Input = input_from_json(value, item.path)
-        if isinstance(applied, (Resolve, Raise, Chunk, End)):
-            complete(item, applied)
-            return
         try:
+            applied = input_from_json(value, item.label)
+            if isinstance(applied, (Resolve, Raise, Chunk, End)):
+                return complete(applied)
             agent._feed(applied)
         except TurnstileError as error:
-            refuse(item, f"refused by the core ({type(error).__name__}): {error}")
+            kind = raise_kind(error, completion=completion) or "error"
+            return kind, f"{type(error).__name__}: {error}"
+        return None
 
-    def complete(item: ScriptInput, applied: Resolve | Raise | Chunk | End) -> None:
+    def complete(applied: Resolve | Raise | Chunk | End) -> tuple[str, str] | None:
+        """A completion, checked as the core checks it (rule P10), then handed over."""
         effect_id = applied.effect
-        live = set(agent.core.outstanding_effects) - finished
-        if effect_id not in live:
-            refuse(item, f"effect {effect_id} is not outstanding")
-            return
-        kind = effects[effect_id]["kind"] if effect_id in effects else None
-        is_model = kind == MODEL
-        if isinstance(applied, (Chunk, End)) and not is_model:
-            refuse(item, f"effect {effect_id} is not a model stream")
-            return
-        if isinstance(applied, Resolve) and is_model:
-            refuse(item, f"effect {effect_id} is a model stream")
-            return
+        if effect_id not in live_effects():
+            return "protocol", f"effect {effect_id} is not outstanding"
+        kind = effects.get(effect_id, {}).get("kind")
+        if isinstance(applied, (Chunk, End)) and kind != MODEL:
+            return "protocol", f"effect {effect_id} is not a model stream"
+        if isinstance(applied, Resolve) and kind == MODEL:
+            return "protocol", f"effect {effect_id} is a model stream"
         if not isinstance(applied, Chunk):
             finished.add(effect_id)
         verb, payload = _order(applied)
@@ -279,28 +294,46 @@ async def replay(script: Script) -> Replay:
             agent._complete(verb, effect_id, payload)
         else:
             puppet.order(effect_id, verb, payload)
+        return None
 
     def apply_from_cursor() -> None:
-        """Apply the current input, then every ``here`` input after it."""
+        """Apply the current input and every input placed with it, at the current position;
+        from outside a delivery their outputs are delivered after the last one."""
         nonlocal cursor
-        apply(inputs[cursor])
-        cursor = min(cursor + 1, len(inputs))
-        while cursor < len(inputs) and inputs[cursor].when == HERE:
-            apply(inputs[cursor])
-            cursor = min(cursor + 1, len(inputs))
+        outside = not agent._delivering
+        agent._delivering = True
+        try:
+            while cursor < len(placed):
+                item = placed[cursor]
+                cursor += 1
+                taken = take(item)
+                result.taken.append(taken)
+                if taken is not None and (stop_on_refusal or taken[0] == "selector"):
+                    result.stopped = f"{item.label}: {taken[1]}"
+                    cursor = len(placed)
+                if cursor >= len(placed) or placed[cursor].where != HERE:
+                    break
+        finally:
+            if outside:
+                agent._delivering = False
+        if outside:
+            agent._pump(feed=False)
+
+    def due(where: Where, value: dict[str, Any]) -> bool:
+        if isinstance(where, int) and not isinstance(where, bool):
+            return where == len(result.outputs)
+        return isinstance(where, Mapping) and matches(where, value)
 
     def observer(output: Output) -> None:
-        if result.refused is not None:
-            return
         value = output.to_json()
-        result.outputs.append(value)
         if isinstance(output, Effect):
             effects[output.id] = value
             puppet.requested(output)
-        if cursor < len(inputs):
-            when = inputs[cursor].when
-            if isinstance(when, Mapping) and matches(when, value):
-                apply_from_cursor()
+        if result.stopped is not None:
+            return
+        result.outputs.append(value)
+        if cursor < len(placed) and due(placed[cursor].where, value):
+            apply_from_cursor()
 
     async def settled() -> None:
         for _ in range(_SETTLE_PASSES):
@@ -309,21 +342,22 @@ async def replay(script: Script) -> Replay:
             if (not agent._scheduled and not agent._ready and puppet.pending == 0
                     and busy == puppet.waiting):
                 return
-        raise ScriptError("", "the runtime did not settle")   # pragma: no cover
+        raise RuntimeError("the runtime did not settle")   # pragma: no cover
 
     stop = agent.observe(observer)
     await agent.__aenter__()
     try:
-        while cursor < len(inputs):
-            item = inputs[cursor]
-            if item.when == HERE:            # before anything is pulled
+        while cursor < len(placed):
+            item = placed[cursor]
+            if item.where in (HERE, 0):                    # before anything is pulled
                 apply_from_cursor()
                 continue
             await settled()
-            if result.refused is not None or cursor >= len(inputs) or inputs[cursor] is not item:
-                continue
-            if isinstance(item.when, Mapping):
-                refuse(item, f"the pattern {json.dumps(item.when)} never matched")
+            if cursor >= len(placed) or placed[cursor] is not item:
+                continue                                   # applied by the listener
+            if item.where is not None:
+                result.stopped = f"{item.label}: its position was never reached " \
+                                 f"({len(result.outputs)} outputs, then the core waits)"
                 break
             apply_from_cursor()
         await settled()
@@ -345,55 +379,102 @@ def _order(applied: Resolve | Raise | Chunk | End) -> tuple[str, object]:
     return "end", None
 
 
-def replay_script(script: Script) -> Replay:
-    """`replay` in a fresh event loop."""
-    return asyncio.run(replay(script))
+# --------------------------------------------------------------------------
+# Scripts (specs/scripts.md)
+# --------------------------------------------------------------------------
 
 
-def core_outputs(script: Script) -> Replay:
-    """The core's own run of *script* (``turnstile run``), in the same form as `replay`."""
-    result = Replay()
+def script_inputs(script: Script) -> list[Placed]:
+    placed: list[Placed] = []
+    for item in script.inputs:
+        value = dict(item.value)
+        if item.selector is not None:
+            value["effect"] = item.selector
+        placed.append(Placed(value, item.when, item.path))
+    return placed
+
+
+def replay_script(script: Script) -> str | None:
+    """None if the runtime's outputs (and refusal) equal ``turnstile run``'s; else the first
+    difference."""
+    want: list[dict[str, Any]] = []
+    refused: str | None = None
     try:
-        for value in run_script(script):
-            result.outputs.append(value)
+        want.extend(run_script(script))
     except ScriptError as error:
-        result.refused = str(error)
-    return result
-
-
-def compare(script: Script, expected: Sequence[Mapping[str, Any]] | None = None) -> str | None:
-    """None if the runtime's outputs equal the core's (and *expected*, if given); otherwise a
-    description of the first difference."""
-    want = core_outputs(script)
-    got = replay_script(script)
-    if expected is not None and [dict(e) for e in expected] != want.outputs:
-        return "the core's own outputs differ from the vector's expected outputs"
-    for index, (a, b) in enumerate(zip(want.outputs, got.outputs, strict=False)):
-        if a != b:
-            return f"output {index}: core {json.dumps(a)[:300]} != runtime {json.dumps(b)[:300]}"
-    if len(want.outputs) != len(got.outputs):
-        shorter = min(len(want.outputs), len(got.outputs))
-        extra = (want.outputs if len(want.outputs) > shorter else got.outputs)[shorter]
-        return (f"the core produced {len(want.outputs)} outputs, the runtime {len(got.outputs)}; "
-                f"first extra: {json.dumps(extra)[:300]}")
-    if (want.refused is None) != (got.refused is None):
-        return f"refusals differ: core {want.refused!r}, runtime {got.refused!r}"
+        refused = str(error)
+    got = asyncio.run(replay(script_inputs(script), script.config, stop_on_refusal=True))
+    difference = _first_difference(want, got.outputs)
+    if difference is not None:
+        return difference
+    if (refused is None) != (got.stopped is None):
+        return f"refusals differ: core {refused!r}, runtime {got.stopped!r}"
     return None
 
 
-def load_vector(path: str | Path) -> tuple[Script, list[dict[str, Any]] | None]:
-    """A script file, or a conformance vector: a script's fields plus (optionally) its expected
-    ``outputs`` (or ``expected``) and descriptive fields, or ``{script: {...}, outputs: [...]}``."""
-    value = json.loads(Path(path).read_text(encoding="utf-8"))
-    if not isinstance(value, dict):
-        raise ScriptError("$", "a vector is a JSON object")
-    body = value.get("script", value)
-    if not isinstance(body, dict):
-        raise ScriptError("script", "must be an object")
-    expected = value.get("outputs", value.get("expected"))
-    if isinstance(expected, list):      # outputs only (a vector may echo its inputs)
-        expected = [e for e in expected if isinstance(e, dict) and "out" in e]
-    else:
-        expected = None
-    script_fields = {k: v for k, v in body.items() if k not in VECTOR_EXTRAS}
-    return parse_script(json.dumps(script_fields)), expected
+# --------------------------------------------------------------------------
+# Conformance vectors (specs/conformance)
+# --------------------------------------------------------------------------
+
+
+def vector_inputs(vector: Vector) -> tuple[list[Placed], list[tuple[int, dict[str, Any]]]]:
+    """The vector's inputs with their positions, and its expected outputs with their step
+    indexes (``{"out": "none"}`` steps only place the following input)."""
+    placed: list[Placed] = []
+    expected: list[tuple[int, dict[str, Any]]] = []
+    outputs = 0
+    after_none = False
+    previous_in = False
+    for index, step in enumerate(vector.steps):
+        if step.kind == "out":
+            previous_in = False
+            if step.value.get("out") == "none":
+                after_none = True
+            else:
+                expected.append((index, step.value))
+                outputs += 1
+                after_none = False
+            continue
+        where: Where = HERE if previous_in else (None if after_none else outputs)
+        placed.append(Placed(step.value, where, f"step {index + 1}"))
+        previous_in = True
+    return placed, expected
+
+
+def check_vector(vector: Vector) -> str | None:
+    """None if the runtime, driven by the vector's inputs, produces exactly its outputs and
+    takes its inputs as it says; otherwise the first difference."""
+    placed, expected = vector_inputs(vector)
+    session = SessionLog(seed_events(vector.seed), clock=fake_clock) if vector.seed else None
+    got = asyncio.run(replay(placed, config_from_json(vector.config), session=session))
+    if got.stopped is not None:
+        return got.stopped
+    raises = [s.raises for s in vector.steps if s.kind == "in"]
+    for number, (want, taken) in enumerate(zip(raises, got.taken, strict=False)):
+        kind = None if taken is None else taken[0]
+        if kind != want:
+            return (f"input {number + 1} ({placed[number].label}): expected "
+                    f"{'acceptance' if want is None else want}, got "
+                    f"{'acceptance' if taken is None else f'{taken[0]}: {taken[1]}'}")
+    for (index, want_output), got_output in zip(expected, got.outputs, strict=False):
+        step = vector.steps[index]
+        difference = jsoncmp.first_difference(want_output, got_output, step.loose)
+        if difference is not None:
+            return (f"step {index + 1}: expected {jsoncmp.render(want_output, 240)}, "
+                    f"runtime {jsoncmp.render(got_output, 240)} ({difference})")
+    if len(expected) != len(got.outputs):
+        return _first_difference([o for _, o in expected], got.outputs)
+    return None
+
+
+def _first_difference(want: list[dict[str, Any]], got: list[dict[str, Any]]) -> str | None:
+    for index, (a, b) in enumerate(zip(want, got, strict=False)):
+        if a != b:
+            return f"output {index}: core {json.dumps(a)[:300]} != runtime {json.dumps(b)[:300]}"
+    if len(want) != len(got):
+        shorter = min(len(want), len(got))
+        extra = (want if len(want) > shorter else got)[shorter]
+        return (f"the core produced {len(want)} outputs, the runtime {len(got)}; first extra: "
+                f"{json.dumps(extra)[:300]}")
+    return None
+

@@ -1,0 +1,184 @@
+"""Resume and live sessions with a real agent (§22.6, §23; scenarios G6, G7; S14, S16, S18)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from machine import events as ev
+from machine.core import AgentCore, CoreConfig
+from machine.events import Event
+from machine.io import FLUSH, MODEL, TOOL_EXECUTE
+from machine.jsonvalue import JsonLike
+from machine.log import validate_events
+from machine.scripted import HOLD, Driver, ScriptedEnvironment, calls_reply, text_reply
+from machine.store import (
+    JsonlStore,
+    LiveTurnOpenError,
+    SqliteStore,
+    StoreSink,
+    resume_core,
+)
+from machine.store.base import BaseStore
+from machine.store.testing import LogBuilder, store_events
+from machine.vocabulary import user_message
+
+CONFIG = CoreConfig(request_options={"provider": "test", "model": "m1"})
+
+
+@pytest.fixture(params=["jsonl", "sqlite"])
+def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    opened: list[BaseStore[Any]] = []
+
+    def factory() -> BaseStore[Any]:
+        store: BaseStore[Any] = (JsonlStore(tmp_path / "s") if request.param == "jsonl"
+                                 else SqliteStore(tmp_path / "s.db"))
+        opened.append(store)
+        return store
+
+    yield factory
+    for store in opened:
+        store.close()
+
+
+def persisted(store: BaseStore[Any], session: str, core: AgentCore,
+              replies: Sequence[Sequence[JsonLike]] = ()) -> Driver:
+    """A scripted driver whose durable outputs go to *store* and whose flushes flush it."""
+    sink = StoreSink(store, session)
+    env = ScriptedEnvironment(replies=[list(r) for r in replies])
+    env.handlers[FLUSH] = sink.answer_flush
+    driver = Driver(core, env)
+    driver.on(sink)
+    return driver
+
+
+def turn_starts(events: Sequence[Event]) -> list[Any]:
+    return [e.data["turn"] for e in events if e.type == ev.TURN_START]
+
+
+def header_reasons(events: Sequence[Event]) -> list[Any]:
+    return [e.data["reason"] for e in events if e.type == ev.REQUEST_HEADER]
+
+
+def test_G6_resume_continues_numbering_and_re_anchors_the_header(make: Any) -> None:
+    store = make()
+    store.create("s")
+    first = persisted(store, "s", AgentCore(CONFIG), [text_reply("one")])
+    first.core.followup(user_message("p1", "first"))
+    first.run()
+    store.close()  # persist; lifecycle 1 is over
+
+    store2 = make()
+    core = resume_core(store2, "s", CONFIG)
+    second = persisted(store2, "s", core, [text_reply("two")])
+    core.followup(user_message("p2", "second"))
+    second.run()
+    store2.close()
+
+    events = make().load("s").events
+    assert [e.seq for e in events] == list(range(len(events)))
+    assert turn_starts(events) == [1, 2]
+    assert header_reasons(events) == ["initial", "resume"]
+    types = [e.type for e in events if e.type != ev.ASSISTANT_CHUNK]
+    one_turn = [ev.TURN_START, ev.USER_MESSAGE, ev.STEP_START, ev.REQUEST_HEADER,
+                ev.ASSISTANT_MESSAGE, ev.STEP_END, ev.TURN_END]
+    assert types == one_turn + one_turn
+    assert validate_events(events) is None
+    request_1 = first.effects(MODEL)[0].history
+    request_2 = second.effects(MODEL)[0].history
+    assert request_1 is not None and request_2 is not None
+    assert list(request_2[:len(request_1)]) == list(request_1)
+    assert [m.text for m in request_2] == ["first", "one", "second"]
+    # §23.1-23.2: publication order and the session-start source of the resumed instance
+    assert [live.event.type for live in second.live()][:3] == [
+        ev.SESSION_CREATED, ev.AGENT_CREATED, ev.SESSION_START]
+    assert second.live(ev.SESSION_START)[0].event.payload["source"] == "resume"
+
+
+def test_resume_after_an_interrupted_turn(tmp_path: Path) -> None:
+    """A crash mid-tool: the load closes the turn, the resumed agent continues at turn 3."""
+    store = JsonlStore(tmp_path)
+    store.create("s")
+    driver = persisted(store, "s", AgentCore(CONFIG),
+                       [text_reply("one"), calls_reply(("c1", "ls"))])
+    driver.env.handlers[TOOL_EXECUTE] = lambda effect: HOLD
+    driver.core.followup(user_message("p1", "first"))
+    driver.run()
+    driver.core.followup(user_message("p2", "list"))
+    driver.run()  # now waiting on the held tool: turn 2 is open
+    assert driver.core.log.open_turn == 2
+    store.close()  # the process dies here (every append already reached the file)
+
+    store2 = JsonlStore(tmp_path)
+    core = resume_core(store2, "s", CONFIG)
+    seeded = list(core.log.events)
+    assert [e.type for e in seeded[-3:]] == [ev.TOOL_RESULT, ev.STEP_END, ev.TURN_END]
+    assert seeded[-3].data["error"]["code"] == "TOOL_OUTCOME_UNKNOWN"
+    assert seeded[-1].data["reason"] == {"kind": "interrupted"}
+    second = persisted(store2, "s", core, [text_reply("three")])
+    core.followup(user_message("p3", "again"))
+    second.run()
+    store2.close()
+    events = JsonlStore(tmp_path).load("s").events
+    assert turn_starts(events) == [1, 2, 3]
+    assert header_reasons(events) == ["initial", "resume"]
+    history = second.effects(MODEL)[0].history
+    assert history is not None
+    assert history[-2].id == f"interrupted-tool-result-c1-{len(seeded) - 3}"
+
+
+def test_resume_without_a_header_logs_initial(make: Any) -> None:
+    store = make()
+    builder = LogBuilder()
+    store_events(store, "s", [builder.user("context before anything", plugin="p")])
+    store.close()
+    store2 = make()
+    core = resume_core(store2, "s", CONFIG)
+    driver = persisted(store2, "s", core)
+    core.followup(user_message("p1", "hi"))
+    driver.run()
+    store2.close()
+    events = make().load("s").events
+    assert header_reasons(events) == ["initial"] and turn_starts(events) == [1]
+    assert events[0].data["content"][0]["text"] == "context before anything"
+
+
+def test_G7_a_live_open_turn_cannot_be_loaded(make: Any) -> None:
+    store = make()
+    store.create("s")
+    driver = persisted(store, "s", AgentCore(CONFIG))
+    driver.env.handlers[MODEL] = lambda effect: HOLD  # the model hangs
+    driver.core.followup(user_message("p1", "hello"))
+    driver.run()
+    assert driver.core.log.open_turn == 1
+    store.flush("s")
+    with pytest.raises(LiveTurnOpenError, match="live turn is open"):
+        store.load("s")
+    driver.stream(driver.take_held(MODEL), text_reply("done"))
+    driver.run()  # TE(1, completed), then the flush barrier flushes the store
+    result = store.load("s")
+    assert result.report.live and result.report.closers_appended == 0
+    assert result.events[-1].type == ev.TURN_END
+    assert result.events[-1].data["reason"] == {"kind": "completed"}
+    assert list(result.events) == list(driver.core.log.events)
+    assert list(make().load("s").events) == list(result.events)  # and it is durable
+
+
+def test_between_turn_events_survive_persist_and_resume(make: Any) -> None:
+    """§23.3: an idle inject is persisted as is and no synthetic turn is added."""
+    store = make()
+    store.create("s")
+    driver = persisted(store, "s", AgentCore(CONFIG))
+    driver.core.followup(user_message("p1", "first"))
+    driver.run()
+    driver.core.inject(user_message("ctx", "idle context", {"kind": "plugin", "plugin": "x"}))
+    driver.run()
+    store.close()  # close flushes the unflushed between-turn event (§21.5)
+    store2 = make()
+    core = resume_core(store2, "s", CONFIG)
+    assert core.log.events[-1].type == ev.USER_MESSAGE
+    assert core.log.events[-1].data["id"] == "ctx" and core.log.open_turn is None
+    assert turn_starts(core.log.events) == [1]
