@@ -119,10 +119,14 @@ class Agentlike(Protocol):
     def status(self) -> str: ...
     @property
     def accepts_next_step(self) -> bool: ...
+    @property
+    def pending_queued(self) -> int: ...
+    @property
+    def pending_steering(self) -> int: ...
+    @property
+    def pending_context(self) -> int: ...
     def feed(self, item: Input) -> None: ...
     def next_output(self) -> Output | None: ...
-    def queued_ids(self) -> tuple[str, ...]: ...
-    def staged(self) -> tuple[tuple[str, bool], ...]: ...
 
 
 @dataclass
@@ -257,13 +261,12 @@ class Explorer:
                 f"  other:   {None if theirs is None else theirs.to_json()}", replay.steps)
 
     def _compare_state(self, core: AgentCore, other: Agentlike, replay: Replay) -> None:
-        for name in ("status", "accepts_next_step"):
+        for name in ("status", "accepts_next_step", "pending_queued", "pending_steering",
+                     "pending_context"):
             if getattr(core, name) != getattr(other, name):
                 raise Divergence(f"read-only state {name!r} differs: machine "
                                  f"{getattr(core, name)!r}, other {getattr(other, name)!r}",
                                  replay.steps)
-        if core.queued_ids() != other.queued_ids() or core.staged() != other.staged():
-            raise Divergence("inbox/outbox contents differ", replay.steps)
 
     # -- search --------------------------------------------------------------
     def children(self, replay: Replay) -> list[tuple[Action, int]]:
@@ -403,7 +406,7 @@ def main_explore(depth: int, *, commands: Sequence[str] = DEFAULT_COMMANDS, with
     other: Callable[[], Agentlike] | None = None
     explorer_config = CoreConfig(request_options={"provider": "p", "model": "m"}, publish=False)
     if with_model:
-        from model import ModelAgent  # type: ignore[attr-defined]
+        from model import ModelAgent
         other = lambda: ModelAgent(explorer_config, clock=_counter())  # noqa: E731
     explorer = Explorer(config=explorer_config, commands=commands, other=other)
 

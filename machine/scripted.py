@@ -17,6 +17,7 @@ from typing import Final
 
 from machine.core import AgentCore
 from machine.errors import ProtocolError
+from machine.invariants import InvariantMonitor
 from machine.io import (
     FLUSH,
     MODEL,
@@ -129,9 +130,13 @@ class ScriptedEnvironment:
 class Driver:
     """Pull, deliver, answer: a synchronous event loop for one core."""
 
-    def __init__(self, core: AgentCore, env: ScriptedEnvironment | None = None) -> None:
+    def __init__(self, core: AgentCore, env: ScriptedEnvironment | None = None, *,
+                 check_invariants: bool = True) -> None:
         self.core = core
         self.env = env if env is not None else ScriptedEnvironment()
+        # R20.1 runtime invariants, checked at every output and whenever the core waits.
+        self.monitor = (InvariantMonitor(core, core)
+                        if check_invariants and hasattr(core, "staged") else None)
         self.outputs: list[Output] = []
         self.observers: list[Callable[[Output], None]] = []
         self.pending: deque[Effect] = deque()
@@ -163,6 +168,8 @@ class Driver:
         """Deliver every output available now, without answering effects."""
         while (output := self.core.next_output()) is not None:
             self._deliver(output)
+        if self.monitor is not None:
+            self.monitor.poll(quiet=True)
 
     def run(self, *, max_rounds: int = 100_000) -> None:
         """Deliver outputs and answer effects until the core waits only on held effects."""
@@ -174,8 +181,12 @@ class Driver:
 
     def _deliver(self, output: Output) -> None:
         self.outputs.append(output)
+        if self.monitor is not None:
+            self.monitor.output(output)
         for observer in tuple(self.observers):
             observer(output)
+        if self.monitor is not None:
+            self.monitor.poll()
         if isinstance(output, Effect):
             self.pending.append(output)
         elif isinstance(output, Control) and output.kind == "release":

@@ -46,7 +46,7 @@ class Jsonl:
         self.root = tmp_path / "store"
 
     def store(self) -> BaseStore[Any]:
-        return JsonlStore(self.root)
+        return JsonlStore(self.root, fsync=False)
 
     @property
     def path(self) -> Path:
@@ -105,7 +105,7 @@ class Sqlite:
         self.path = tmp_path / "store.db"
 
     def store(self) -> BaseStore[Any]:
-        return SqliteStore(self.path)
+        return SqliteStore(self.path, fsync=False)
 
     def offset(self, index: int) -> int | None:
         return None

@@ -35,8 +35,8 @@ def make(kind: str, tmp_path: Path) -> Iterator[Any]:
     opened: list[BaseStore[Any]] = []
 
     def factory() -> BaseStore[Any]:
-        store: BaseStore[Any] = (JsonlStore(tmp_path / "s") if kind == "jsonl"
-                                 else SqliteStore(tmp_path / "s.db"))
+        store: BaseStore[Any] = (JsonlStore(tmp_path / "s", fsync=False) if kind == "jsonl"
+                                 else SqliteStore(tmp_path / "s.db", fsync=False))
         opened.append(store)
         return store
 

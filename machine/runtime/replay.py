@@ -56,7 +56,6 @@ from machine.io import (
     Chunk,
     Effect,
     End,
-    Input,
     Output,
     Raise,
     Resolve,

@@ -76,11 +76,13 @@ class SqliteStore(BaseStore[_Handle]):
 
     *timeout* is how long a write waits for another connection's lock. With
     *create* false the database must already exist and hold the session
-    tables; nothing is created (for read-only tools).
+    tables; nothing is created (for read-only tools). *fsync* false turns
+    SQLite's syncing off (``synchronous=OFF``: for tests and throwaway
+    sessions; a commit then survives a process crash but not a power loss).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, timeout: float = 30.0,
-                 create: bool = True) -> None:
+                 create: bool = True, fsync: bool = True) -> None:
         super().__init__()
         self.path = Path(path)
         if not create and not self.path.is_file():
@@ -89,7 +91,7 @@ class SqliteStore(BaseStore[_Handle]):
         try:
             if create:
                 self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute(f"PRAGMA synchronous={'FULL' if fsync else 'OFF'}")
             self._check_format(create)
         except sqlite3.DatabaseError as error:
             self._db.close()

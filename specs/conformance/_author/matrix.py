@@ -25,7 +25,6 @@ from machine.conformance.authoring import (
     scenario,
 )
 
-
 ROWS = {
     1: "agent/inbox/enqueue of an idle waking send (wake pending)",
     2: "agent/status('running'), the claimed item's dequeue, the prompt-submit extension point",
