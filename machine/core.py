@@ -723,6 +723,8 @@ class AgentCore:
 
     def _commit(self, type_: str, data: Mapping[str, Frozen] | Message, *,
                 surface: bool = False, sources: Sequence[int] | None = None) -> Durable:
+        if isinstance(data, dict):
+            data = FrozenDict(data)     # its values are frozen already: one cheap pass
         return Durable(self.log.commit(type_, data, surface_op=APPEND if surface else None,
                                        source_event_seqs=sources))
 
