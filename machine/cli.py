@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Final, TextIO
 
 from machine import diagrams, runner
+from machine.conformance import cli as conformance_cli
 from machine.errors import ValidationError
 from machine.events import TURN_END, TURN_START, Event
 from machine.log import validate_events
@@ -285,6 +286,16 @@ COMMANDS: Final[dict[str, Command]] = {
                        configure=_configure_explore, run=_run_explore),
     "run": Command(help="run a JSON script of inputs through the core",
                    configure=_configure_run, run=_run_run),
+    "check": Command(help="run conformance vectors here or against a port",
+                     configure=conformance_cli.configure_check, run=conformance_cli.run_check),
+    "adapter": Command(help="serve this implementation over the conformance adapter protocol",
+                       configure=conformance_cli.configure_adapter,
+                       run=conformance_cli.run_adapter),
+    "verify-trace": Command(help="check a recorded trace of another implementation",
+                            configure=conformance_cli.configure_verify_trace,
+                            run=conformance_cli.run_verify_trace),
+    "record": Command(help="record a conformance vector from a draft",
+                      configure=conformance_cli.configure_record, run=conformance_cli.run_record),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import zlib
 from collections.abc import Callable
@@ -18,8 +19,10 @@ from machine.store import (
     JsonlStore,
     SessionInfo,
     SqliteStore,
+    StoreWriteError,
     UnsupportedFormatError,
 )
+from machine.store import jsonl as jsonl_module
 from machine.store.base import BaseStore
 from machine.store.codec import canonical, event_bytes
 from machine.store.jsonl import encode_record, parse_jsonl
@@ -411,3 +414,47 @@ def test_sqlite_salvage_moves_damaged_rows_to_quarantine(tmp_path: Path) -> None
     finally:
         db.close()
     assert moved == [(TAIL,), (TAIL + 1,)]
+
+
+def test_S5_a_failed_append_leaves_nothing_behind(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    store = JsonlStore(tmp_path, fsync=False)
+    store_events(store, SESSION, EVENTS[:3])
+    size = (tmp_path / f"{SESSION}.jsonl").stat().st_size
+    real_write = os.write
+    calls = {"n": 0}
+
+    def half_then_fail(fd: int, data: Any) -> int:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return real_write(fd, bytes(data)[:10])  # a short write...
+        raise OSError(28, "No space left on device")  # ...then the disk is full
+
+    monkeypatch.setattr(jsonl_module.os, "write", half_then_fail)
+    with pytest.raises(StoreWriteError, match="No space left") as raised:
+        store.append(SESSION, EVENTS[3])
+    assert raised.value.recovered
+    monkeypatch.setattr(jsonl_module.os, "write", real_write)
+    assert (tmp_path / f"{SESSION}.jsonl").stat().st_size == size  # the partial record is gone
+    store.append(SESSION, EVENTS[3])  # and the session goes on
+    store.close()
+    assert list(JsonlStore(tmp_path).inspect(SESSION).events) == EVENTS[:4]
+
+
+def test_S5_an_unrecoverable_write_failure_stops_appends(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    store = JsonlStore(tmp_path, fsync=False)
+    store_events(store, SESSION, EVENTS[:3])
+
+    def fail(*_: Any) -> int:
+        raise OSError(5, "I/O error")
+
+    monkeypatch.setattr(jsonl_module.os, "write", fail)
+    monkeypatch.setattr(jsonl_module.os, "ftruncate", fail)
+    with pytest.raises(StoreWriteError) as raised:
+        store.append(SESSION, EVENTS[3])
+    assert not raised.value.recovered
+    monkeypatch.undo()
+    with pytest.raises(StoreWriteError, match="load it again"):
+        store.append(SESSION, EVENTS[3])
+    store.close()

@@ -176,11 +176,9 @@ class BaseStore(ABC, Generic[H]):
         if plan.damage and mode == "strict":
             raise DamageError(session_id, plan.damage)
         quarantine: str | None = None
-        truncated = 0
         if plan.damage:
             handle, quarantine = self._salvage(plan.info, plan.stored, plan.kept, plan.closers)
         else:
-            truncated = plan.stored.torn_bytes
             handle = self._reopen(session_id, plan.stored)
             if plan.closers:
                 try:
@@ -191,7 +189,8 @@ class BaseStore(ABC, Generic[H]):
                     raise
         live = _Live(plan.info, plan.log, plan.clock, handle)
         self._live[session_id] = live
-        report = LoadReport(truncated, tuple(plan.damage), len(plan.closers), quarantine)
+        report = LoadReport(plan.stored.torn_bytes, tuple(plan.damage), len(plan.closers),
+                            quarantine)
         return LoadResult(live.log.events, report, plan.info)
 
     def inspect(self, session_id: str) -> Inspection:
@@ -203,8 +202,7 @@ class BaseStore(ABC, Generic[H]):
             return Inspection(live.info, live.log.events, (), LoadReport(live=True),
                               len(live.log))
         plan = self._plan(session_id)
-        truncated = 0 if plan.damage else plan.stored.torn_bytes
-        report = LoadReport(truncated, tuple(plan.damage), len(plan.closers))
+        report = LoadReport(plan.stored.torn_bytes, tuple(plan.damage), len(plan.closers))
         return Inspection(plan.info, plan.kept, tuple(plan.closers), report,
                           len(plan.stored.records))
 

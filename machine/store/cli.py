@@ -112,21 +112,25 @@ def _with_store(args: argparse.Namespace, out: TextIO, body: _Body) -> int:
         print(f"{args.target}: {error}", file=out)
         return EXIT_USAGE
     try:
-        return body(args, store, session, name, out)
+        status = body(args, store, session, name, out)
     except SessionNotFoundError as error:
         print(f"{name}: {error}", file=out)
-        return EXIT_USAGE
+        status = EXIT_USAGE
     except DamageError as error:
         _print_damage(name, error.damage, out)
-        return EXIT_INVALID
+        status = EXIT_INVALID
     except TurnstileError as error:
         print(f"{name}: {error} [{error.code}]", file=out)
-        return EXIT_INVALID
+        status = EXIT_INVALID
     except OSError as error:
         print(f"{name}: {error}", file=out)
-        return EXIT_USAGE
-    finally:
+        status = EXIT_USAGE
+    try:
         store.close()
+    except (TurnstileError, OSError) as error:  # the final flush failed
+        print(f"{name}: cannot close the store: {error}", file=out)
+        status = max(status, EXIT_INVALID)
+    return status
 
 
 def _print_damage(name: str, damage: Sequence[Damage], out: TextIO) -> None:

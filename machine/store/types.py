@@ -105,7 +105,8 @@ class Damage:
 class LoadReport:
     """What a load found and did (S12–S14).
 
-    * ``truncated_bytes``: the size of the torn final record that was cut off;
+    * ``truncated_bytes``: the size of the torn final record that was cut off (a salvage
+      leaves it out of the rewritten session; the quarantined original still has it);
     * ``damage``: every damage found, in storage order (empty for a clean load);
     * ``closers_appended``: how many repair closers were appended (§22.3);
     * ``quarantine``: where a salvage load moved the damaged original (None otherwise);
