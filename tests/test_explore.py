@@ -96,5 +96,5 @@ def test_monitor_reports_a_discard_before_enqueue() -> None:
     from machine.jsonvalue import freeze
     bogus = Live(LiveEvent("agent/inbox/discard", freeze({"messages": [
         {"id": "x", "role": "user", "content": [], "source": {"kind": "user"}}]})))  # type: ignore[arg-type]
-    with pytest.raises(AgentInvariantError, match="R20.1b"):
+    with pytest.raises(AgentInvariantError, match=r"R20\.1b"):
         monitor.output(bogus)
