@@ -243,7 +243,6 @@ class _Call:
     name: str
     arguments: Frozen
     call_seq: int = -1
-    started: bool = False
     outcome: Literal["pending", "running", "result", "abd", "failed"] = "pending"
     result: ToolResult | None = None
     from_prepare: bool = False
@@ -1245,7 +1244,6 @@ class AgentCore:
     def _start_call(self, call: _Call,
                     in_flight: dict[int, _Call]) -> Generator[Output | _Wait, _Mail | None, None]:
         """R10.3: tool/call, prepare, then dispatch (or not)."""
-        call.started = True
         call_event = self._commit(ev.TOOL_CALL, self._call_data(call))
         call.call_seq = call_event.event.seq
         yield call_event

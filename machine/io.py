@@ -23,7 +23,7 @@ from typing import Final, Literal, TypeAlias
 
 from machine.errors import CodecError, ValidationError
 from machine.events import Event, LiveEvent
-from machine.jsonvalue import FrozenDict, JsonLike, freeze, thaw
+from machine.jsonvalue import FrozenDict, JsonLike, thaw
 from machine.vocabulary import (
     FOLLOWUP,
     INJECT,
@@ -32,7 +32,6 @@ from machine.vocabulary import (
     ErrorInfo,
     Message,
     SendOptions,
-    validate_user_message,
 )
 
 # Effect kinds (rule P4).
@@ -255,17 +254,3 @@ def input_from_json(value: JsonLike, path: str = "input") -> Input:
             raise CodecError(f"{path}.chunk", "is required")
         return Chunk(effect, value["chunk"])
     return End(effect)
-
-
-def output_to_json(output: Output) -> dict[str, JsonLike]:
-    return output.to_json()
-
-
-def message_arg(value: JsonLike) -> Message:
-    return validate_user_message(value)
-
-
-def frozen_payload(**fields: JsonLike) -> FrozenDict:
-    frozen = freeze(fields, "payload")
-    assert isinstance(frozen, FrozenDict)
-    return frozen
