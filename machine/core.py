@@ -710,14 +710,14 @@ class AgentCore:
         return Effect(effect_id, kind, payload, history)
 
     def _release(self, effect_id: int) -> Control | None:
-        record = self._effects.get(effect_id)
+        """P5: stop consuming a model stream; drop what is buffered for it. Returns the
+        ``release`` notice, or None when the stream had already ended (nothing to stop)."""
+        self._mail = deque(m for m in self._mail if m[0] != effect_id)
+        record = self._effects.pop(effect_id, None)
         if record is None:
             return None
         record.released = True
-        del self._effects[effect_id]
         self._done_effects.add(effect_id)
-        # Drop chunks already buffered for it: the core no longer consumes the stream.
-        self._mail = deque(m for m in self._mail if m[0] != effect_id)
         return Control("release", FrozenDict({"effect": effect_id}))
 
     def _commit(self, type_: str, data: Mapping[str, Frozen] | Message, *,

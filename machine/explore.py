@@ -303,6 +303,8 @@ class Explorer:
             actions, cost = queue.popleft()
             try:
                 replay = self.replay(actions)
+                key = state_key(replay.core)
+                children = [] if key in visited else self.children(replay)
             except Divergence as failure:
                 return ExploreResult(depth, len(visited), transitions,
                                      time.perf_counter() - start, failure)
@@ -310,7 +312,6 @@ class Explorer:
                 return ExploreResult(depth, len(visited), transitions, time.perf_counter() - start,
                                      Divergence(f"{type(error).__name__}: {error}", replay_steps(
                                          self, actions)))
-            key = state_key(replay.core)
             if key in visited:
                 continue
             visited.add(key)
@@ -320,7 +321,7 @@ class Explorer:
                 last_report = now
             if budget_seconds is not None and now - start > budget_seconds:
                 break
-            for action, step_cost in self.children(replay):
+            for action, step_cost in children:
                 if cost + step_cost > depth:
                     continue
                 transitions += 1

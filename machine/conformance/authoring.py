@@ -26,6 +26,7 @@ from machine.conformance.recorder import RecordingCore
 from machine.conformance.vectors import Vector
 from machine.core import CoreConfig, ToolMode
 from machine.events import Event
+from machine.invariants import AgentInvariantError, InvariantMonitor
 from machine.io import Control, Durable, Effect, Live, Output
 from machine.jsonvalue import JsonLike, thaw
 from machine.scripted import HOLD, Driver, ScriptedEnvironment
@@ -328,6 +329,10 @@ class Session:
         self.env = ScriptedEnvironment(replies=[reply(r) if isinstance(r, str) else r
                                                 for r in replies])
         self.driver = Driver(self.core, self.env)
+        # Review: the agent invariants (R20.1) hold at every input and output.
+        self.monitor = InvariantMonitor(self.core, self.core)
+        self.driver.on(self.monitor.output)
+        self.core.listeners.append(lambda what: self.monitor.poll(quiet=what == "wait"))
         self._ids = itertools.count(1)
         self.caught: list[str] = []    # errors raised by commands issued by observers/handlers
 
@@ -363,6 +368,8 @@ class Session:
         """Run a command that may be refused; returns the error text (recorded as refused)."""
         try:
             command()
+        except AgentInvariantError:
+            raise
         except Exception as exc:   # the recorder has recorded the refusal
             self.caught.append(str(exc))
             return str(exc)

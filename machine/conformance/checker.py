@@ -86,6 +86,12 @@ def run_vector(vector: Vector, subject: Subject) -> Outcome:
             index = run_end
     except PortFailure as failure:
         return Outcome(vector, "error", reason=str(failure), index=index, steps_run=index)
+    except Exception as crash:  # the implementation itself broke: a failure of this vector
+        step = steps[min(index, len(steps) - 1)]
+        expected = _expect_raise(step) if step.kind == "in" else jsoncmp.render(step.value, 10_000)
+        return Outcome(vector, "failed", Divergence(
+            index, expected, f"the implementation raised {type(crash).__name__}: {crash}"),
+            steps_run=index)
     return Outcome(vector, "passed", steps_run=len(steps))
 
 
@@ -147,7 +153,7 @@ def format_outcome(outcome: Outcome) -> list[str]:
     if step.kind == "out":
         last = _last_output(vector, divergence.index)
         if last is not None:
-            lines.append(f"  last matching output ({_where(vector, last)}): "
+            lines.append(f"  last matching output, {_where(vector, last)}: "
                          f"{_short(vector.steps[last].value)}")
     else:
         lines.append(f"  input: {_short(step.value, 400)}")

@@ -18,8 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
+from machine.jsonvalue import Frozen, FrozenDict, FrozenList
+
 __all__ = ["Difference", "Path", "Pointer", "first_difference", "parse_pointer", "pointer",
-           "render", "resolve", "same"]
+           "render", "resolve", "same", "same_frozen"]
 
 Path: TypeAlias = tuple[str | int, ...]
 Pointer: TypeAlias = str
@@ -167,3 +169,43 @@ def resolve(value: Any, tokens: tuple[str, ...]) -> Path | None:
         else:
             return None
     return tuple(path)
+
+
+# --------------------------------------------------------------------------
+# Frozen (core) values against plain JSON, without thawing
+# --------------------------------------------------------------------------
+
+
+def same_frozen(a: Frozen, b: Any) -> bool:
+    """`same(thaw(a), b)` for a frozen value *a*, in one walk and without copying."""
+    if isinstance(a, FrozenDict):
+        if type(b) is not dict or len(a) != len(b):
+            return False
+        data: dict[str, Frozen] = a._data  # the plain dict inside: no Mapping-ABC overhead
+        for key, value in data.items():
+            other = b.get(key, _MISSING)
+            kind = type(value)
+            if kind is str:
+                if type(other) is not str or value != other:
+                    return False
+            elif kind is int:
+                if (type(other) is not int and type(other) is not float) or value != other:
+                    return False
+            elif not same_frozen(value, other):
+                return False
+        return True
+    if isinstance(a, FrozenList):
+        if type(b) is not list or len(a) != len(b):
+            return False
+        return all(same_frozen(x, y) for x, y in zip(a, b, strict=True))
+    kind = type(a)
+    if kind is str or a is None:
+        return type(b) is kind and a == b
+    if kind is bool:
+        return type(b) is bool and a is b
+    if kind is int or kind is float:
+        return (type(b) is int or type(b) is float) and a == b
+    return False
+
+
+_MISSING: Final = object()

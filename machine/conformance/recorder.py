@@ -98,6 +98,8 @@ class RecordingCore(AgentCore):
     def __init__(self, config: CoreConfig | None = None, *, log: SessionLog | None = None,
                  seed: Sequence[Event] = ()) -> None:
         self.steps: list[Step] = []
+        #: called with "input" after each accepted input and "wait" when a pull returns None
+        self.listeners: list[Callable[[str], None]] = []
         self._depth = 0
         self._waiting = False
         self.seed_json = [e.to_json(with_time=False) for e in seed]
@@ -113,7 +115,7 @@ class RecordingCore(AgentCore):
         self._waiting = False
         self._depth += 1
         try:
-            return call()
+            outcome = call()
         except TurnstileError as error:
             kind = raise_kind(error, completion=checked.get("in") in COMPLETIONS)
             if kind is not None:
@@ -121,6 +123,9 @@ class RecordingCore(AgentCore):
             raise
         finally:
             self._depth -= 1
+        for listener in self.listeners:
+            listener("input")
+        return outcome
 
     def next_output(self) -> Output | None:
         output = super().next_output()
@@ -128,6 +133,8 @@ class RecordingCore(AgentCore):
             if not self._waiting:
                 self.steps.append(Step("out", {"out": "none"}))
                 self._waiting = True
+            for listener in self.listeners:
+                listener("wait")
             return None
         value = output_json(output)
         self.steps.append(Step("out", value, loose=loose_fields(value)))

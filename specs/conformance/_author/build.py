@@ -24,7 +24,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from machine.conformance.authoring import REGISTRY, Scenario  # noqa: E402
-from machine.conformance.vectors import dump_vector  # noqa: E402
+from machine.conformance.vectors import dump_vector, parse_vector  # noqa: E402
 
 
 def scenarios() -> list[Scenario]:
@@ -41,7 +41,9 @@ def build(prefixes: list[str] | None = None) -> tuple[dict[str, str], dict[str, 
         if prefixes and not any(item.id.startswith(p) for p in prefixes):
             continue
         try:
-            texts[item.id] = dump_vector(item.build())
+            text = dump_vector(item.build())
+            parse_vector(text, f"{item.id}.json")  # what is written must load
+            texts[item.id] = text
         except Exception as exc:  # a failed review: report, do not write
             problems[item.id] = "".join(traceback.format_exception_only(exc)).strip()
             if not isinstance(exc, AssertionError):

@@ -1,9 +1,11 @@
-"""The reentrancy matrix (semantics.md §19): one vector per row and command.
+"""The reentrancy matrix (specs/core.md R19, refining semantics.md §19): one vector per row and
+command.
 
 Every vector issues one command (steer 'S', inject 'C' from plugin:test,
 followup 'F', cancel, or dispose) at the row's position: as an observer of
-the named output, or while the named extension point is pending (an
-observer of its effect request). The review asserts the matrix cell.
+the named output, or while the named effect is outstanding (an observer of
+its request). The vector ids are ``M<row>-<command>`` with R19's row
+numbers; the review asserts the cell.
 """
 
 from __future__ import annotations
@@ -26,26 +28,33 @@ from machine.conformance.authoring import (
 )
 
 ROWS = {
-    1: "agent/inbox/enqueue of an idle waking send (wake pending)",
-    2: "agent/status('running'), the claimed item's dequeue, the prompt-submit extension point",
-    3: "turn/start observers",
-    4: "observers of the run-start drains and of the prompt and context appends",
-    5: "the step extension point",
-    6: "system-prompt assembly, step/start, the request extension point, request/header, "
-       "the model call and assistant/chunk",
-    7: "assistant/message observers, tool stages, tool/call and tool/result observers",
-    8: "observers of the end-of-step drain's outputs",
-    9: "step/end observers",
-    10: "the turn-stopping extension point",
-    11: "the request-error extension point and agent/error observers inside a turn",
-    12: "turn/end observers",
-    13: "during the post-turn flush",
-    14: "agent/settled observers",
-    15: "the rejected-admission tail",
-    16: "agent/status('idle') observers",
-    17: "agent/cancel-requested observers",
-    18: "agent/inbox/discard, agent/context/discard and abort-signal observers",
-    19: "agent/session-start observers",
+    1: "anywhere while a wake is pending",
+    2: "agent/status running",
+    3: "{prompt-submit} outstanding; agent/inbox/dequeue queued",
+    4: "agent/warning about a failed or invalid decision",
+    5: "[turn/start]",
+    6: "outputs of the inherited drain; the prompt's and decision contexts' user/messages",
+    7: "outputs of the rest drain",
+    8: "{step} outstanding",
+    9: "outputs of the top-of-step drain",
+    10: "{system-prompt} outstanding",
+    11: "[step/start]; {request} outstanding",
+    12: "[request/header]; {model} outstanding; [assistant/chunk]; release",
+    13: "[assistant/message]; tool stages outstanding; [tool/call]; [tool/result]",
+    14: "outputs of the end-of-step drain",
+    15: "[step/end]",
+    16: "{turn-stopping} outstanding; outputs of its drain",
+    17: "{request-error} outstanding; its agent/warning",
+    18: "agent/error during a turn",
+    19: "[turn/end]",
+    20: "{flush} outstanding; a failed flush's warning and error",
+    21: "agent/settled",
+    22: "the rejected tail: its user/messages; {tick rejected-admission} outstanding",
+    23: "agent/status idle",
+    24: "agent/cancel-requested",
+    25: "agent/inbox/discard, agent/context/discard, abort",
+    26: "session/created, agent/created, agent/session-start",
+    27: "agent/disposed, session/disposed",
 }
 
 FAILURE = model_failure("model unavailable", "UNAVAILABLE")
@@ -54,12 +63,16 @@ RETRY: Any = ("resolve", {"kind": "retry"})
 TWO_TURNS = ("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'one') SE(1.1) TE(1,completed) "
              "TS(2,msg:user) UM('F') SS(2.1) CH… AM(2.1;'two') SE(2.1) TE(2,completed)")
 ONE_TURN = "TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'one') SE(1.1) TE(1,completed)"
+TWO_STEPS = ("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'one') STM(1;'S';user) "
+             "SE(1.1) SS(1.2) CH… AM(1.2;'two') SE(1.2) TE(1,completed)")
+CONTEXT_AT_END = ("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'one') "
+                  "UM('C';plugin:test) SE(1.1) TE(1,completed)")
 
 
 def cell(row: int, command: str, title: str, rules: Sequence[str], tags: Sequence[str] = ()
          ) -> Callable[[Callable[[], Session]], Callable[[], Session]]:
-    return scenario(f"M{row:02d}-{command}", f"§19 row {row} ({ROWS[row]}), {command}: {title}",
-                    ["R19", *rules], ["matrix", f"matrix:row{row}", *tags])
+    return scenario(f"M{row:02d}-{command}", f"R19 row {row} ({ROWS[row]}), {command}: {title}",
+                    ["R19", "R0.5", *rules, "P2"], ["matrix", f"matrix:row{row}", *tags])
 
 
 def issue(s: Session, command: str) -> None:
@@ -91,18 +104,17 @@ def basic(position: Predicate, command: str, *replies: Any, nth: int = 1) -> Ses
 
 def teardown_ok(s: Session) -> None:
     assert s.live()[-2:] == ["agent/disposed", "session/disposed"], s.live()
-    assert not [t for t in s.live() if t.startswith("cancel-req(disposed")]
     assert s.core.disposed
 
 
 # --------------------------------------------------------------------------
-# Row 1: enqueue of an idle waking send
+# Row 1: a wake is pending
 # --------------------------------------------------------------------------
 
 ENQ_GO = live("agent/inbox/enqueue")
 
 
-@cell(1, "steer", "queued; its own later turn", ["R5.3", "R6.1", "R6.3"])
+@cell(1, "steer", "queued; a turn of its own, in queue order", ["R5.3", "R6.1", "R6.3"])
 def m01_steer() -> Session:
     s = basic(ENQ_GO, "steer")
     s.expect_log(TWO_TURNS.replace("'F'", "'S'"))
@@ -110,22 +122,22 @@ def m01_steer() -> Session:
     return s
 
 
-@cell(1, "inject", "appended at once, before that turn", ["R5.2", "R6.3"])
+@cell(1, "inject", "appended now, ahead of those turns", ["R5.2", "R6.3"])
 def m01_inject() -> Session:
     s = basic(ENQ_GO, "inject")
     s.expect_log("UM('C';plugin:test) " + ONE_TURN)
     return s
 
 
-@cell(1, "followup", "queued; its own later turn", ["R5.3", "R6.1"])
+@cell(1, "followup", "queued; a turn of its own", ["R5.3", "R6.1"])
 def m01_followup() -> Session:
     s = basic(ENQ_GO, "followup")
     s.expect_log(TWO_TURNS)
     return s
 
 
-@cell(1, "cancel", "effective: discards the item just enqueued; the wake finds nothing",
-      ["R16.1", "R16.2", "R16.4", "R6.2"], ["cancel"])
+@cell(1, "cancel", "discards all queued items, the new one too; the wake claims nothing; no status "
+      "output", ["R16.1", "R16.2", "R16.4", "R6.2"], ["cancel"])
 def m01_cancel() -> Session:
     s = basic(ENQ_GO, "cancel")
     assert s.log() == []
@@ -133,8 +145,8 @@ def m01_cancel() -> Session:
     return s
 
 
-@cell(1, "dispose", "discards the item (no cancel-requested); the wake finds nothing; teardown",
-      ["R17.1", "R16.2", "R6.2"], ["dispose"])
+@cell(1, "dispose", "discards the item without cancel-requested; the wake claims nothing; teardown",
+      ["R17.1", "R17.4", "R16.2", "R6.2"], ["dispose"])
 def m01_dispose() -> Session:
     s = basic(ENQ_GO, "dispose")
     assert s.log() == []
@@ -143,53 +155,95 @@ def m01_dispose() -> Session:
 
 
 # --------------------------------------------------------------------------
-# Row 2: admission
+# Rows 2 and 3: admission
 # --------------------------------------------------------------------------
 
 RUNNING = live("agent/status", status="running")
 DEQ_GO = live("agent/inbox/dequeue", placement="queued")
 PROMPT_SUBMIT = effect("prompt-submit")
+RUN_START_STEER = ("TS(1,msg:user) UM('go') STM(1;'S';user) SS(1.1) RH(initial) CH… AM(1.1;'one') "
+                   "SE(1.1) TE(1,completed)")
+RUN_START_INJECT = ("TS(1,msg:user) UM('go') UM('C';plugin:test) SS(1.1) RH(initial) CH… "
+                    "AM(1.1;'one') SE(1.1) TE(1,completed)")
 
 
-@cell(2, "steer", "(at running) steering; drained after the prompt by the rest drain",
-      ["R5.3", "R7.3", "R8.3", "R11.2"])
+@cell(2, "steer", "steering; rest drain after the prompt", ["R5.3", "R7.3", "R7.4", "R8.3"])
 def m02_steer() -> Session:
     s = basic(RUNNING, "steer")
-    s.expect_log("TS(1,msg:user) UM('go') STM(1;'S';user) SS(1.1) RH(initial) CH… AM(1.1;'one') "
-                 "SE(1.1) TE(1,completed)")
+    s.expect_log(RUN_START_STEER)
     assert "enq(S,s)" in s.live()
     return s
 
 
-@cell(2, "inject", "(at the claimed item's dequeue) staged; appended after the prompt",
-      ["R5.2", "R7.6", "R8.3"])
+@cell(2, "inject", "staged; rest drain after the prompt", ["R5.2", "R7.3", "R8.3"])
 def m02_inject() -> Session:
-    s = basic(DEQ_GO, "inject")
-    s.expect_log("TS(1,msg:user) UM('go') UM('C';plugin:test) SS(1.1) RH(initial) CH… "
-                 "AM(1.1;'one') SE(1.1) TE(1,completed)")
+    s = basic(RUNNING, "inject")
+    s.expect_log(RUN_START_INJECT)
     return s
 
 
-@cell(2, "followup", "(during prompt-submit) queued; its own turn after this one",
-      ["R5.3", "R12.7"])
+@cell(2, "followup", "queued; a later turn of its own in the same interval", ["R5.3", "R12.7"])
 def m02_followup() -> Session:
+    s = basic(RUNNING, "followup")
+    s.expect_log(TWO_TURNS)
+    assert s.live("agent/status") == ["running", "idle"]
+    return s
+
+
+@cell(2, "cancel", "aborts ahead of {prompt-submit}, which is never requested; the dequeue is "
+      "still emitted; rejected; no warning; no turn", ["R7.5", "R7.10", "R16.4"], ["cancel"])
+def m02_cancel() -> Session:
+    s = basic(RUNNING, "cancel")
+    assert s.log() == [] and not s.effects("prompt-submit")
+    s.expect_live("enq(go,q) running cancel-req(user) deq(go,q) idle")
+    return s
+
+
+@cell(2, "dispose", "aborts ahead of {prompt-submit}; no turn; teardown", ["R17.1", "R7.5"],
+      ["dispose"])
+def m02_dispose() -> Session:
+    s = basic(RUNNING, "dispose")
+    assert s.log() == [] and not s.effects("prompt-submit")
+    s.expect_live("enq(go,q) running deq(go,q) idle agent/disposed session/disposed")
+    return s
+
+
+@cell(3, "steer", "(during prompt-submit) steering; rest drain after the prompt",
+      ["R5.3", "R8.3", "R11.2"])
+def m03_steer() -> Session:
+    s = basic(PROMPT_SUBMIT, "steer")
+    s.expect_log(RUN_START_STEER)
+    return s
+
+
+@cell(3, "inject", "(at the claimed item's dequeue) staged; appended after the prompt",
+      ["R5.2", "R7.6", "R8.3"])
+def m03_inject() -> Session:
+    s = basic(DEQ_GO, "inject")
+    s.expect_log(RUN_START_INJECT)
+    return s
+
+
+@cell(3, "followup", "(during prompt-submit) queued; its own turn after this one",
+      ["R5.3", "R12.7"])
+def m03_followup() -> Session:
     s = basic(PROMPT_SUBMIT, "followup")
     s.expect_log(TWO_TURNS)
     return s
 
 
-@cell(2, "cancel", "(during prompt-submit) aborts the admission; its decision is ignored; no turn",
-      ["R7.7", "R7.10", "R16.4"], ["cancel"])
-def m02_cancel() -> Session:
+@cell(3, "cancel", "(during prompt-submit) aborts the admission; the decision is disregarded; "
+      "rejected; no warning; no turn", ["R7.7", "R7.10", "R16.4"], ["cancel"])
+def m03_cancel() -> Session:
     s = basic(PROMPT_SUBMIT, "cancel")
     assert s.log() == []
     s.expect_live("enq(go,q) running cancel-req(user) deq(go,q) idle")
     return s
 
 
-@cell(2, "dispose", "(at the claimed item's dequeue) aborts the admission; no turn; teardown",
+@cell(3, "dispose", "(at the claimed item's dequeue) aborts the admission; no turn; teardown",
       ["R17.1", "R7.7"], ["dispose"])
-def m02_dispose() -> Session:
+def m03_dispose() -> Session:
     s = basic(DEQ_GO, "dispose")
     assert s.log() == []
     teardown_ok(s)
@@ -197,171 +251,407 @@ def m02_dispose() -> Session:
 
 
 # --------------------------------------------------------------------------
-# Rows 3 and 4: turn/start and the run-start appends
+# Row 4: the warning of a failed admission
+# --------------------------------------------------------------------------
+
+WARNING = live("agent/warning")
+
+
+def failed_admission(command: str, *replies: Any, second: bool = False) -> Session:
+    s = Session(*(replies or ("one", "two")))
+    s.handle("prompt-submit", lambda e: ("raise", error("admission broke")), times=1)
+    at(s, WARNING, command)
+    s.followup("go")
+    if second:
+        s.followup("second")
+    s.run()
+    assert "warn('prompt admission failed: admission broke')" in s.live()
+    return s
+
+
+@cell(4, "steer", "steering, retained (a rejected admission keeps an outbox that holds "
+      "steering); the next admitted turn takes it ahead of its prompt",
+      ["R7.8", "R7.10", "R11.3", "R8.3", "R0.8"])
+def m04_steer() -> Session:
+    s = failed_admission("steer")
+    assert s.log() == [] and s.core.pending_steering == 1
+    s.followup("later")
+    s.run()
+    assert s.log()[:3] == ["TS(1,msg:user)", "STM(1;'S';user)", "UM('later')"], s.log()
+    return s
+
+
+@cell(4, "inject", "staged; written between turns (no steering staged)",
+      ["R7.8", "R7.10", "R11.2"])
+def m04_inject() -> Session:
+    s = failed_admission("inject")
+    assert s.log() == ["UM('C';plugin:test)"]
+    return s
+
+
+@cell(4, "followup", "queued; claimed at continue-or-idle", ["R7.10", "R12.7"])
+def m04_followup() -> Session:
+    s = failed_admission("followup")
+    s.expect_log("TS(1,msg:user) UM('F') SS(1.1) RH(initial) CH… AM(1.1;'one') SE(1.1) "
+                 "TE(1,completed)")
+    assert s.live("agent/status") == ["running", "idle"]
+    return s
+
+
+@cell(4, "cancel", "(a second prompt queued) discards it; aborts the admission controller; still "
+      "rejected", ["R7.8", "R16.2", "R16.4"], ["cancel"])
+def m04_cancel() -> Session:
+    s = failed_admission("cancel", second=True)
+    assert s.log() == []
+    trace = s.trace()
+    assert trace[trace.index("warn('prompt admission failed: admission broke')"):] == [
+        "warn('prompt admission failed: admission broke')", "cancel-req(user)", "disc[second]",
+        "abort", "tick(rejected-admission)", "idle"], trace
+    return s
+
+
+# --------------------------------------------------------------------------
+# Rows 5, 6, 7: turn/start and the run-start drains
 # --------------------------------------------------------------------------
 
 TURN_START = durable("turn/start")
 PROMPT_UM = durable("user/message", id="m1")
 
 
-@cell(3, "steer", "steering; drained after the prompt", ["R8.3", "R11.2"])
-def m03_steer() -> Session:
+@cell(5, "steer", "steering; rest drain, after the prompt", ["R8.3", "R11.2"])
+def m05_steer() -> Session:
     s = basic(TURN_START, "steer")
-    s.expect_log("TS(1,msg:user) UM('go') STM(1;'S';user) SS(1.1) RH(initial) CH… AM(1.1;'one') "
-                 "SE(1.1) TE(1,completed)")
+    s.expect_log(RUN_START_STEER)
     return s
 
 
-@cell(3, "inject", "staged; appended after the prompt", ["R8.3", "R11.2"])
-def m03_inject() -> Session:
+@cell(5, "steer-retry", "(at a retry's turn/start) steering; right after turn/start",
+      ["R8.3", "R13.3", "R11.2"])
+def m05_steer_retry() -> Session:
+    s = Session(FAILURE, "ok")
+    s.handle("request-error", lambda e: RETRY, times=1)
+    at(s, TURN_START, "steer", nth=2)
+    s.followup("go")
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) SE(1.1) TE(1,error) TS(2,retry) "
+                 "STM(2;'S';user) SS(2.1) CH… AM(2.1;'ok') SE(2.1) TE(2,completed)")
+    return s
+
+
+@cell(5, "inject", "staged; rest drain, like steer", ["R8.3", "R11.2"])
+def m05_inject() -> Session:
     s = basic(TURN_START, "inject")
-    s.expect_log("TS(1,msg:user) UM('go') UM('C';plugin:test) SS(1.1) RH(initial) CH… "
-                 "AM(1.1;'one') SE(1.1) TE(1,completed)")
+    s.expect_log(RUN_START_INJECT)
     return s
 
 
-@cell(3, "followup", "queued; its own turn", ["R5.3"])
-def m03_followup() -> Session:
+@cell(5, "followup", "queued; a later turn of its own", ["R5.3"])
+def m05_followup() -> Session:
     s = basic(TURN_START, "followup")
     s.expect_log(TWO_TURNS)
     return s
 
 
-@cell(3, "cancel", "the prompt is still recorded; turn/end(aborted) with no step",
-      ["R8.3", "R26.4", "R15.1"], ["cancel"])
-def m03_cancel() -> Session:
+@cell(5, "cancel", "the prompt is still written; turn/end aborted with no step",
+      ["R8.3", "R15.1", "R16.4"], ["cancel"])
+def m05_cancel() -> Session:
     s = basic(TURN_START, "cancel")
     s.expect_log("TS(1,msg:user) UM('go') TE(1,aborted)")
     return s
 
 
-@cell(3, "dispose", "the prompt is still recorded; turn/end(disposed) with no step; teardown",
+@cell(5, "dispose", "the prompt is still written; turn/end disposed with no step; teardown",
       ["R8.3", "R17.1", "R15.1"], ["dispose"])
-def m03_dispose() -> Session:
+def m05_dispose() -> Session:
     s = basic(TURN_START, "dispose")
     s.expect_log("TS(1,msg:user) UM('go') TE(1,disposed)")
     teardown_ok(s)
     return s
 
 
-@cell(4, "steer", "(at the prompt's append) joins the rest drain (D3)",
+@cell(6, "steer", "(at the prompt's user/message) taken by the rest drain (D3)",
       ["R8.3", "R11.1", "D3"], ["differs-from-original", "D3"])
-def m04_steer() -> Session:
+def m06_steer() -> Session:
     s = basic(PROMPT_UM, "steer")
-    s.expect_log("TS(1,msg:user) UM('go') STM(1;'S';user) SS(1.1) RH(initial) CH… AM(1.1;'one') "
-                 "SE(1.1) TE(1,completed)")
+    s.expect_log(RUN_START_STEER)
     return s
 
 
-@cell(4, "inject", "(at the prompt's append) joins the rest drain (D3)",
+@cell(6, "inject", "(at the prompt's user/message) taken by the rest drain (D3)",
       ["R8.3", "R11.1", "D3"], ["differs-from-original", "D3"])
-def m04_inject() -> Session:
+def m06_inject() -> Session:
     s = basic(PROMPT_UM, "inject")
-    s.expect_log("TS(1,msg:user) UM('go') UM('C';plugin:test) SS(1.1) RH(initial) CH… "
-                 "AM(1.1;'one') SE(1.1) TE(1,completed)")
+    s.expect_log(RUN_START_INJECT)
     return s
 
 
-@cell(4, "followup", "queued", ["R5.3"])
-def m04_followup() -> Session:
+@cell(6, "followup", "queued", ["R5.3"])
+def m06_followup() -> Session:
     s = basic(PROMPT_UM, "followup")
     s.expect_log(TWO_TURNS)
     return s
 
 
-@cell(4, "cancel", "the signal check after the appends ends the turn aborted with no step/start",
-      ["R8.3", "R15.1"], ["cancel"])
-def m04_cancel() -> Session:
-    s = basic(PROMPT_UM, "cancel")
-    s.expect_log("TS(1,msg:user) UM('go') TE(1,aborted)")
+@cell(6, "cancel", "(at the prompt, a decision context still to write) the remaining admitted "
+      "messages are still written; turn/end aborted with no step",
+      ["R8.3", "R7.7", "R15.1"], ["cancel"])
+def m06_cancel() -> Session:
+    s = Session("one")
+    s.handle("prompt-submit", lambda e: ("resolve", {"kind": "allow", "additionalContexts": [
+        s.msg("decision context", "plugin:gate")]}))
+    at(s, PROMPT_UM, "cancel")
+    s.followup("go")
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') UM('decision context';plugin:gate) TE(1,aborted)")
+    return s
+
+
+def rest_drain(command: str, *replies: Any) -> Session:
+    """Steering staged during admission is written by the rest drain; the command is issued at
+    that steering/message."""
+    s = Session(*(replies or ("one", "two")))
+    s.handle("prompt-submit", lambda e: s.steer("R") or None, times=1)
+    at(s, durable("steering/message"), command)
+    s.followup("go")
+    s.run()
+    return s
+
+
+@cell(7, "steer", "(at the rest drain's steering/message) taken by this drain (D3)",
+      ["R8.3", "R11.1", "D3"], ["differs-from-original", "D3"])
+def m07_steer() -> Session:
+    s = rest_drain("steer")
+    s.expect_log("TS(1,msg:user) UM('go') STM(1;'R';user) STM(1;'S';user) SS(1.1) RH(initial) CH… "
+                 "AM(1.1;'one') SE(1.1) TE(1,completed)")
+    return s
+
+
+@cell(7, "inject", "taken by this drain (D3)", ["R8.3", "R11.1", "D3"],
+      ["differs-from-original", "D3"])
+def m07_inject() -> Session:
+    s = rest_drain("inject")
+    s.expect_log("TS(1,msg:user) UM('go') STM(1;'R';user) UM('C';plugin:test) SS(1.1) RH(initial) "
+                 "CH… AM(1.1;'one') SE(1.1) TE(1,completed)")
+    return s
+
+
+@cell(7, "followup", "queued", ["R5.3"])
+def m07_followup() -> Session:
+    s = rest_drain("followup")
+    assert s.log()[-7:] == ["TS(2,msg:user)", "UM('F')", "SS(2.1)", "CH…", "AM(2.1;'two')",
+                            "SE(2.1)", "TE(2,completed)"], s.log()
+    return s
+
+
+@cell(7, "cancel", "{step} is still requested; its check ends the turn aborted; no step/start",
+      ["R9.1", "R8.3", "R15.1"], ["cancel"])
+def m07_cancel() -> Session:
+    s = rest_drain("cancel")
+    s.expect_log("TS(1,msg:user) UM('go') STM(1;'R';user) TE(1,aborted)")
+    assert len(s.effects("step")) == 1
     return s
 
 
 # --------------------------------------------------------------------------
-# Row 5: the step extension point
+# Rows 8, 9, 10: the step hook, the top-of-step drain, the system prompt
 # --------------------------------------------------------------------------
 
 STEP = effect("step")
 
 
-@cell(5, "steer", "taken by the top-of-step drain into the same request; no extra step",
-      ["R9.2", "R11.2"])
-def m05_steer() -> Session:
+@cell(8, "steer", "top-of-step drain; this request; no extra step", ["R9.2", "R11.2"])
+def m08_steer() -> Session:
     s = basic(STEP, "steer")
-    s.expect_log("TS(1,msg:user) UM('go') STM(1;'S';user) SS(1.1) RH(initial) CH… AM(1.1;'one') "
-                 "SE(1.1) TE(1,completed)")
+    s.expect_log(RUN_START_STEER)
     assert s.requests() == [["'go'", "'S'"]]
     return s
 
 
-@cell(5, "inject", "taken by the top-of-step drain into the same request", ["R9.2", "R11.2"])
-def m05_inject() -> Session:
+@cell(8, "inject", "top-of-step drain; this request", ["R9.2", "R11.2"])
+def m08_inject() -> Session:
     s = basic(STEP, "inject")
-    s.expect_log("TS(1,msg:user) UM('go') UM('C';plugin:test) SS(1.1) RH(initial) CH… "
-                 "AM(1.1;'one') SE(1.1) TE(1,completed)")
+    s.expect_log(RUN_START_INJECT)
     assert s.requests() == [["'go'", "'C';plugin:test"]]
     return s
 
 
-@cell(5, "followup", "queued", ["R5.3"])
-def m05_followup() -> Session:
+@cell(8, "followup", "queued", ["R5.3"])
+def m08_followup() -> Session:
     s = basic(STEP, "followup")
     s.expect_log(TWO_TURNS)
     return s
 
 
-@cell(5, "cancel", "the check after the step extension point ends the turn aborted; no step/start",
-      ["R9.1", "R15.1"], ["cancel"])
-def m05_cancel() -> Session:
+@cell(8, "cancel", "R9.1's check ends the turn aborted; no step/start", ["R9.1", "R15.1"],
+      ["cancel"])
+def m08_cancel() -> Session:
     s = basic(STEP, "cancel")
     s.expect_log("TS(1,msg:user) UM('go') TE(1,aborted)")
     return s
 
 
-@cell(5, "dispose", "the turn ends disposed with no step/start; teardown",
+@cell(8, "dispose", "the turn ends disposed with no step/start; teardown",
       ["R9.1", "R17.1", "R15.1"], ["dispose"])
-def m05_dispose() -> Session:
+def m08_dispose() -> Session:
     s = basic(STEP, "dispose")
     s.expect_log("TS(1,msg:user) UM('go') TE(1,disposed)")
     teardown_ok(s)
     return s
 
 
-# --------------------------------------------------------------------------
-# Row 6: inside the step, after the top-of-step drain
-# --------------------------------------------------------------------------
+def top_drain(command: str, *replies: Any) -> Session:
+    """Context injected during {step} is written by the top-of-step drain; the command is issued
+    at that user/message."""
+    s = Session(*(replies or ("one", "two")))
+    s.handle("step", lambda e: s.inject("T", "plugin:top") or None, times=1)
+    at(s, durable("user/message", id="m2"), command)
+    s.followup("go")
+    s.run()
+    return s
 
 
-@cell(6, "steer", "(at step/start) end-of-step drain; forces another step",
+@cell(9, "steer", "(at the top drain's user/message) taken by this drain; this request",
+      ["R9.2", "R11.1", "D3"], ["differs-from-original", "D3"])
+def m09_steer() -> Session:
+    s = top_drain("steer")
+    s.expect_log("TS(1,msg:user) UM('go') UM('T';plugin:top) STM(1;'S';user) SS(1.1) RH(initial) "
+                 "CH… AM(1.1;'one') SE(1.1) TE(1,completed)")
+    assert s.requests() == [["'go'", "'T';plugin:top", "'S'"]]
+    return s
+
+
+@cell(9, "inject", "taken by this drain; this request", ["R9.2", "R11.1", "D3"],
+      ["differs-from-original", "D3"])
+def m09_inject() -> Session:
+    s = top_drain("inject")
+    s.expect_log("TS(1,msg:user) UM('go') UM('T';plugin:top) UM('C';plugin:test) SS(1.1) "
+                 "RH(initial) CH… AM(1.1;'one') SE(1.1) TE(1,completed)")
+    return s
+
+
+@cell(9, "followup", "queued", ["R5.3"])
+def m09_followup() -> Session:
+    s = top_drain("followup")
+    assert s.log()[-7:] == ["TS(2,msg:user)", "UM('F')", "SS(2.1)", "CH…", "AM(2.1;'two')",
+                            "SE(2.1)", "TE(2,completed)"], s.log()
+    return s
+
+
+@cell(9, "cancel", "{system-prompt} is still requested; turn/end aborted; no step/start",
+      ["R9.3", "R15.1"], ["cancel"])
+def m09_cancel() -> Session:
+    s = top_drain("cancel")
+    s.expect_log("TS(1,msg:user) UM('go') UM('T';plugin:top) TE(1,aborted)")
+    assert len(s.effects("system-prompt")) == 1
+    return s
+
+
+SYSTEM_PROMPT = effect("system-prompt")
+
+
+@cell(10, "steer", "end-of-step drain (the next request); causes another step",
       ["R9.10", "R11.2", "R8.4"])
-def m06_steer() -> Session:
-    s = basic(durable("step/start"), "steer")
-    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'one') STM(1;'S';user) "
-                 "SE(1.1) SS(1.2) CH… AM(1.2;'two') SE(1.2) TE(1,completed)")
+def m10_steer() -> Session:
+    s = basic(SYSTEM_PROMPT, "steer")
+    s.expect_log(TWO_STEPS)
     assert s.requests()[0] == ["'go'"]
     return s
 
 
-@cell(6, "inject", "(at the first assistant/chunk) end-of-step drain; no extra step",
-      ["R9.10", "R11.2", "R9.7"])
-def m06_inject() -> Session:
-    s = basic(durable("assistant/chunk"), "inject")
-    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'one') "
-                 "UM('C';plugin:test) SE(1.1) TE(1,completed)")
+@cell(10, "inject", "end-of-step drain (the next request); no extra step", ["R9.10", "R11.2"])
+def m10_inject() -> Session:
+    s = basic(SYSTEM_PROMPT, "inject")
+    s.expect_log(CONTEXT_AT_END)
     return s
 
 
-@cell(6, "followup", "(during the request extension point) queued", ["R5.3"])
-def m06_followup() -> Session:
+@cell(10, "followup", "queued", ["R5.3"])
+def m10_followup() -> Session:
+    s = basic(SYSTEM_PROMPT, "followup")
+    s.expect_log(TWO_TURNS)
+    return s
+
+
+@cell(10, "cancel", "R9.3's check ends the turn aborted; no step/start", ["R9.3", "R15.1"],
+      ["cancel"])
+def m10_cancel() -> Session:
+    s = basic(SYSTEM_PROMPT, "cancel")
+    s.expect_log("TS(1,msg:user) UM('go') TE(1,aborted)")
+    return s
+
+
+# --------------------------------------------------------------------------
+# Rows 11 and 12: inside the step
+# --------------------------------------------------------------------------
+
+
+@cell(11, "steer", "(at step/start) end-of-step drain; causes another step",
+      ["R9.10", "R11.2", "R8.4"])
+def m11_steer() -> Session:
+    s = basic(durable("step/start"), "steer")
+    s.expect_log(TWO_STEPS)
+    return s
+
+
+@cell(11, "inject", "(during the request hook) end-of-step drain; no extra step",
+      ["R9.10", "R11.2", "R9.6"])
+def m11_inject() -> Session:
+    s = basic(effect("request"), "inject")
+    s.expect_log(CONTEXT_AT_END)
+    return s
+
+
+@cell(11, "followup", "(during the request hook) queued", ["R5.3"])
+def m11_followup() -> Session:
     s = basic(effect("request"), "followup")
     s.expect_log(TWO_TURNS)
     return s
 
 
-@cell(6, "cancel", "(during the model call) the next chunk's signal check releases the stream; "
-      "the open step is closed and the turn ends aborted", ["R9.7", "R8.6", "R15.1", "P5"],
+@cell(11, "cancel", "(during the request hook) step/end, turn/end aborted; no request/header",
+      ["R9.6", "R8.6", "R15.1"], ["cancel"])
+def m11_cancel() -> Session:
+    s = basic(effect("request"), "cancel")
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) SE(1.1) TE(1,aborted)")
+    assert not s.effects("model")
+    return s
+
+
+@cell(11, "cancel-at-step-start", "step/end, turn/end aborted; no request", ["R9.5", "R15.1"],
       ["cancel"])
-def m06_cancel() -> Session:
+def m11_cancel_at_step_start() -> Session:
+    s = basic(durable("step/start"), "cancel")
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) SE(1.1) TE(1,aborted)")
+    assert not s.effects("request")
+    return s
+
+
+@cell(12, "steer", "(at request/header) end-of-step drain; causes another step",
+      ["R9.10", "R11.2", "R8.4"])
+def m12_steer() -> Session:
+    s = basic(durable("request/header"), "steer")
+    s.expect_log(TWO_STEPS)
+    return s
+
+
+@cell(12, "inject", "(at the first assistant/chunk) end-of-step drain; no extra step",
+      ["R9.10", "R11.2", "R9.7"])
+def m12_inject() -> Session:
+    s = basic(durable("assistant/chunk"), "inject")
+    s.expect_log(CONTEXT_AT_END)
+    return s
+
+
+@cell(12, "followup", "(at the first assistant/chunk) queued", ["R5.3"])
+def m12_followup() -> Session:
+    s = basic(durable("assistant/chunk"), "followup")
+    s.expect_log(TWO_TURNS)
+    return s
+
+
+@cell(12, "cancel", "(during the model call) the next chunk's check releases the stream; no "
+      "assistant/message; step/end, turn/end aborted", ["R9.7", "R8.6", "R15.1", "P5"], ["cancel"])
+def m12_cancel() -> Session:
     s = Session()
     s.hold("model")
     at(s, effect("model"), "cancel")
@@ -377,9 +667,24 @@ def m06_cancel() -> Session:
     return s
 
 
-@cell(6, "dispose", "(at request/header) the turn ends disposed after closing the step; teardown",
+@cell(12, "cancel-model-failure", "(during the model call) a model failure after the abort skips "
+      "recovery; turn/end aborted", ["R13.2", "R15.1", "R9.7"], ["cancel"])
+def m12_cancel_model_failure() -> Session:
+    s = Session()
+    s.hold("model")
+    at(s, effect("model"), "cancel")
+    s.followup("go")
+    s.run()
+    s.fail_model(FAILURE)
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) SE(1.1) TE(1,aborted)")
+    assert not s.effects("request-error")
+    return s
+
+
+@cell(12, "dispose", "(at request/header) step/end, turn/end disposed; teardown",
       ["R9.7", "R17.1", "R15.1"], ["dispose"])
-def m06_dispose() -> Session:
+def m12_dispose() -> Session:
     s = basic(durable("request/header"), "dispose")
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) SE(1.1) TE(1,disposed)")
     teardown_ok(s)
@@ -387,40 +692,42 @@ def m06_dispose() -> Session:
 
 
 # --------------------------------------------------------------------------
-# Row 7: the tool batch
+# Row 13: the tool batch
 # --------------------------------------------------------------------------
 
 TOOL_TURN = ("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;call c1) TC(1.1;c1) "
              "TR(1.1;c1;ok) {} SE(1.1) SS(1.2) CH… AM(1.2;'done') SE(1.2) TE(1,completed)")
 
 
-@cell(7, "steer", "(during the tool body) after all results of the step; forces another step",
-      ["R10.5", "R9.10", "R8.4"], ["tools"])
-def m07_steer() -> Session:
+@cell(13, "steer", "(during the tool body) end-of-step drain after the last result; causes "
+      "another step", ["R10.5", "R9.10", "R8.4"], ["tools"])
+def m13_steer() -> Session:
     s = basic(effect("tool-execute"), "steer", calls(("c1", "t")), "done")
     s.expect_log(TOOL_TURN.format("STM(1;'S';user)"))
     return s
 
 
-@cell(7, "inject", "(at tool/result) after all results of the step", ["R10.5", "R9.10"], ["tools"])
-def m07_inject() -> Session:
+@cell(13, "inject", "(at tool/result) end-of-step drain after the last result",
+      ["R10.5", "R9.10"], ["tools"])
+def m13_inject() -> Session:
     s = basic(durable("tool/result"), "inject", calls(("c1", "t")), "done")
     s.expect_log(TOOL_TURN.format("UM('C';plugin:test)"))
     return s
 
 
-@cell(7, "followup", "(at tool/call) queued", ["R5.3"], ["tools"])
-def m07_followup() -> Session:
+@cell(13, "followup", "(at tool/call) queued", ["R5.3"], ["tools"])
+def m13_followup() -> Session:
     s = basic(durable("tool/call"), "followup", calls(("c1", "t")), "done", "two")
     s.expect_log(TOOL_TURN.format("") + " TS(2,msg:user) UM('F') SS(2.1) CH… AM(2.1;'two') "
                  "SE(2.1) TE(2,completed)")
     return s
 
 
-@cell(7, "cancel", "(during the second call's body) the turn ends aborted; the tool context "
-      "already accepted is dropped and reported; the context finalized afterwards survives",
-      ["R10.7", "R10.11", "R16.2", "D6", "R10.4"], ["tools", "cancel", "differs-from-original", "D6"])
-def m07_cancel() -> Session:
+@cell(13, "cancel", "(during the second call's body) the late body commits ABORTED; the tool "
+      "context staged before is discarded and reported; the context finalized afterwards is "
+      "kept; turn/end aborted", ["R10.7", "R10.11", "R16.2", "D6", "R10.4"],
+      ["tools", "cancel", "differs-from-original", "D6"])
+def m13_cancel() -> Session:
     s = Session(calls(("c1", "t"), ("c2", "t")))
     s.handle("tool-finalize", lambda e: ("resolve", result(contexts=[
         s.msg(f"ctx-{e.payload['callId']}", "plugin:p")])))
@@ -434,9 +741,9 @@ def m07_cancel() -> Session:
     return s
 
 
-@cell(7, "dispose", "(at assistant/message) the call gets a synthetic pair; the turn ends "
-      "disposed; teardown", ["R10.7", "R17.1"], ["tools", "dispose"])
-def m07_dispose() -> Session:
+@cell(13, "dispose", "(at assistant/message) the call gets a synthetic pair; turn/end disposed; "
+      "teardown", ["R10.7", "R10.10", "R17.1"], ["tools", "dispose"])
+def m13_dispose() -> Session:
     s = basic(durable("assistant/message"), "dispose", calls(("c1", "t")))
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;call c1) TC(1.1;c1) "
                  "TR(1.1;c1;ERR ABD) SE(1.1) TE(1,disposed)")
@@ -445,13 +752,13 @@ def m07_dispose() -> Session:
 
 
 # --------------------------------------------------------------------------
-# Row 8: observers of the end-of-step drain's outputs
+# Row 14: outputs of the end-of-step drain
 # --------------------------------------------------------------------------
 
 
 def late_context(command: str, *replies: Any) -> Session:
-    """A context injected during the request hook is appended by the end-of-step drain; the
-    command is issued by an observer of that append."""
+    """Context injected during the request hook is written by the end-of-step drain; the command
+    is issued at that user/message."""
     s = Session(*(replies or ("one", "two")))
     s.handle("request", lambda e: s.inject("late", "plugin:test"), times=1)
     at(s, durable("user/message", id="m2"), command)
@@ -460,9 +767,9 @@ def late_context(command: str, *replies: Any) -> Session:
     return s
 
 
-@cell(8, "steer", "joins the same drain (D3); forces another step",
+@cell(14, "steer", "taken by this drain (D3); causes another step",
       ["R11.1", "R9.10", "D3"], ["differs-from-original", "D3"])
-def m08_steer() -> Session:
+def m14_steer() -> Session:
     s = late_context("steer")
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'one') "
                  "UM('late';plugin:test) STM(1;'S';user) SE(1.1) SS(1.2) CH… AM(1.2;'two') SE(1.2) "
@@ -470,17 +777,17 @@ def m08_steer() -> Session:
     return s
 
 
-@cell(8, "inject", "joins the same drain (D3)", ["R11.1", "R9.10", "D3"],
+@cell(14, "inject", "taken by this drain (D3)", ["R11.1", "R9.10", "D3"],
       ["differs-from-original", "D3"])
-def m08_inject() -> Session:
+def m14_inject() -> Session:
     s = late_context("inject")
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'one') "
                  "UM('late';plugin:test) UM('C';plugin:test) SE(1.1) TE(1,completed)")
     return s
 
 
-@cell(8, "followup", "queued", ["R5.3"])
-def m08_followup() -> Session:
+@cell(14, "followup", "queued", ["R5.3"])
+def m14_followup() -> Session:
     s = late_context("followup")
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'one') "
                  "UM('late';plugin:test) SE(1.1) TE(1,completed) TS(2,msg:user) UM('F') SS(2.1) "
@@ -488,9 +795,9 @@ def m08_followup() -> Session:
     return s
 
 
-@cell(8, "cancel", "step/end is still appended; the turn ends aborted at the next check",
+@cell(14, "cancel", "step/end is still written; turn/end aborted at the next check",
       ["R9.10", "R8.5", "R15.1"], ["cancel"])
-def m08_cancel() -> Session:
+def m14_cancel() -> Session:
     s = late_context("cancel")
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'one') "
                  "UM('late';plugin:test) SE(1.1) TE(1,aborted)")
@@ -498,14 +805,14 @@ def m08_cancel() -> Session:
 
 
 # --------------------------------------------------------------------------
-# Row 9: step/end observers
+# Row 15: step/end
 # --------------------------------------------------------------------------
 
 STEP_END = durable("step/end")
 
 
-@cell(9, "steer", "next step, without turn-stopping", ["R8.4", "R9.2"])
-def m09_steer() -> Session:
+@cell(15, "steer", "the next step, skipping turn-stopping", ["R8.4", "R9.2"])
+def m15_steer() -> Session:
     s = basic(STEP_END, "steer")
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'one') SE(1.1) "
                  "STM(1;'S';user) SS(1.2) CH… AM(1.2;'two') SE(1.2) TE(1,completed)")
@@ -515,34 +822,57 @@ def m09_steer() -> Session:
     return s
 
 
-@cell(9, "inject", "the turn does not continue: taken by the turn-stopping drain, inside the turn",
+@cell(15, "inject", "the turn does not go on: the turn-stopping drain, inside the turn",
       ["R8.5", "R11.2"])
-def m09_inject() -> Session:
+def m15_inject() -> Session:
     s = basic(STEP_END, "inject")
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'one') SE(1.1) "
                  "UM('C';plugin:test) TE(1,completed)")
     return s
 
 
-@cell(9, "followup", "queued", ["R5.3"])
-def m09_followup() -> Session:
+@cell(15, "inject-continuing", "(a step with a tool call) the next step's top-of-step drain",
+      ["R9.2", "R11.2"], ["tools"])
+def m15_inject_continuing() -> Session:
+    s = basic(STEP_END, "inject", calls(("c1", "t")), "done")
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;call c1) TC(1.1;c1) "
+                 "TR(1.1;c1;ok) SE(1.1) UM('C';plugin:test) SS(1.2) CH… AM(1.2;'done') SE(1.2) "
+                 "TE(1,completed)")
+    return s
+
+
+@cell(15, "followup", "queued", ["R5.3"])
+def m15_followup() -> Session:
     s = basic(STEP_END, "followup")
     s.expect_log(TWO_TURNS)
     return s
 
 
-@cell(9, "cancel", "the turn ends aborted at the next check", ["R8.5", "R15.1"], ["cancel"])
-def m09_cancel() -> Session:
+@cell(15, "cancel", "aborts at the next check", ["R8.5", "R15.1"], ["cancel"])
+def m15_cancel() -> Session:
     s = basic(STEP_END, "cancel")
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'one') SE(1.1) "
                  "TE(1,aborted)")
     return s
 
 
-@cell(9, "steer-retained", "after a step that concluded the turn, the steering is retained and "
-      "taken by the next admitted turn's inherited drain, before its prompt",
-      ["R11.3", "R10.6", "R8.3", "R7.2", "R26.2"], ["tools"])
-def m09_steer_retained() -> Session:
+@cell(15, "cancel-after-concluding", "(a step whose result concluded the turn) R8.4's last check "
+      "ends the turn aborted", ["R8.4", "R10.6", "R15.1"], ["tools", "cancel"])
+def m15_cancel_after_concluding() -> Session:
+    s = Session(calls(("c1", "t")))
+    s.handle("tool-execute", lambda e: ("resolve", result(concludesTurn=True)))
+    at(s, STEP_END, "cancel")
+    s.followup("go")
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;call c1) TC(1.1;c1) "
+                 "TR(1.1;c1;ok) SE(1.1) TE(1,aborted)")
+    return s
+
+
+@cell(15, "steer-retained", "(a step whose result concluded the turn) retained; the next admitted "
+      "turn's inherited drain takes it ahead of its prompt",
+      ["R11.3", "R10.6", "R8.3", "R7.2", "R8.4"], ["tools"])
+def m15_steer_retained() -> Session:
     s = Session(calls(("c1", "t")), "next reply")
     s.handle("tool-execute", lambda e: ("resolve", result(concludesTurn=True)))
     at(s, STEP_END, "steer")
@@ -559,49 +889,64 @@ def m09_steer_retained() -> Session:
 
 
 # --------------------------------------------------------------------------
-# Row 10: turn-stopping
+# Row 16: turn-stopping
 # --------------------------------------------------------------------------
 
 TURN_STOPPING = effect("turn-stopping")
 
 
-@cell(10, "steer", "another step", ["R8.5"])
-def m10_steer() -> Session:
+@cell(16, "steer", "another step", ["R8.5"])
+def m16_steer() -> Session:
     s = basic(TURN_STOPPING, "steer")
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'one') SE(1.1) "
                  "STM(1;'S';user) SS(1.2) CH… AM(1.2;'two') SE(1.2) TE(1,completed)")
     return s
 
 
-@cell(10, "inject", "inside the turn after the last step/end", ["R8.5", "D3"],
+@cell(16, "inject", "written inside the turn after the final step/end; no step", ["R8.5", "D3"],
       ["differs-from-original", "D3"])
-def m10_inject() -> Session:
+def m16_inject() -> Session:
     s = basic(TURN_STOPPING, "inject")
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'one') SE(1.1) "
                  "UM('C';plugin:test) TE(1,completed)")
     return s
 
 
-@cell(10, "followup", "queued", ["R5.3"])
-def m10_followup() -> Session:
+@cell(16, "followup", "queued", ["R5.3"])
+def m16_followup() -> Session:
     s = basic(TURN_STOPPING, "followup")
     s.expect_log(TWO_TURNS)
     return s
 
 
-@cell(10, "cancel", "turn/end(aborted); no further step", ["R8.5", "R15.1"], ["cancel"])
-def m10_cancel() -> Session:
+@cell(16, "cancel", "turn/end aborted; no further step", ["R8.5", "R15.1"], ["cancel"])
+def m16_cancel() -> Session:
     s = basic(TURN_STOPPING, "cancel")
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'one') SE(1.1) "
                  "TE(1,aborted)")
     return s
 
 
+@cell(16, "cancel-in-drain", "(at an output of the turn-stopping drain) the last check ends the "
+      "turn aborted", ["R8.5", "R15.1"], ["cancel"])
+def m16_cancel_in_drain() -> Session:
+    s = Session("one")
+    s.handle("turn-stopping", lambda e: s.inject("stop-time", "plugin:test"), times=1)
+    at(s, durable("user/message", id="m2"), "cancel")
+    s.followup("go")
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'one') SE(1.1) "
+                 "UM('stop-time';plugin:test) TE(1,aborted)")
+    return s
+
+
 # --------------------------------------------------------------------------
-# Row 11: request-error and agent/error inside a turn
+# Rows 17 and 18: recovery and agent/error
 # --------------------------------------------------------------------------
 
 FAILED_TURN = "TS(1,msg:user) UM('go') SS(1.1) RH(initial) SE(1.1) TE(1,error)"
+REQUEST_ERROR = effect("request-error")
+AGENT_ERROR = live("agent/error")
 
 
 def failing(position: Predicate, command: str, *, retry: bool, replies: Sequence[Any] = ("ok",)
@@ -615,20 +960,20 @@ def failing(position: Predicate, command: str, *, retry: bool, replies: Sequence
     return s
 
 
-@cell(11, "steer", "(during request-error, retry authorized) staged and retained: taken by the "
-      "retry turn's start", ["R13.3", "R11.3", "R11.2"])
-def m11_steer() -> Session:
-    s = failing(effect("request-error"), "steer", retry=True)
+@cell(17, "steer", "(retry authorized) retained; taken when the retry starts",
+      ["R13.3", "R11.3", "R11.2"])
+def m17_steer() -> Session:
+    s = failing(REQUEST_ERROR, "steer", retry=True)
     s.expect_log(FAILED_TURN + " TS(2,retry) STM(2;'S';user) SS(2.1) CH… AM(2.1;'ok') SE(2.1) "
                  "TE(2,completed)")
     assert [t for t in s.live() if t.startswith("settled")] == ["settled(2,completed)"]
     return s
 
 
-@cell(11, "inject", "(at agent/error, no retry) staged and retained: taken by the next admitted "
-      "turn, before its prompt", ["R11.3", "R8.3", "R26.2"])
-def m11_inject() -> Session:
-    s = failing(live("agent/error"), "inject", retry=False)
+@cell(17, "inject", "(no retry) retained; the next admitted turn takes it ahead of its prompt",
+      ["R11.3", "R8.3", "R13.2"])
+def m17_inject() -> Session:
+    s = failing(REQUEST_ERROR, "inject", retry=False)
     s.expect_log(FAILED_TURN)
     assert s.core.pending_context == 1
     s.followup("next")
@@ -637,78 +982,119 @@ def m11_inject() -> Session:
     return s
 
 
-@cell(11, "followup", "(during request-error, retry authorized) queued; claimed after the chain",
+@cell(17, "followup", "(retry authorized) queued; claimed once the chain is over",
       ["R12.8", "R13.3", "D1"], ["differs-from-original", "D1"])
-def m11_followup() -> Session:
-    s = failing(effect("request-error"), "followup", retry=True, replies=("ok", "two"))
+def m17_followup() -> Session:
+    s = failing(REQUEST_ERROR, "followup", retry=True, replies=("ok", "two"))
     s.expect_log(FAILED_TURN + " TS(2,retry) SS(2.1) CH… AM(2.1;'ok') SE(2.1) TE(2,completed) "
                  "TS(3,msg:user) UM('F') SS(3.1) CH… AM(3.1;'two') SE(3.1) TE(3,completed)")
     return s
 
 
-@cell(11, "cancel", "(in recovery) no retry even though the handler authorizes one; "
-      "turn/end(aborted)", ["R13.2", "R13.5", "R15.1", "D2"], ["cancel", "differs-from-original", "D2"])
-def m11_cancel() -> Session:
-    s = failing(effect("request-error"), "cancel", retry=True)
+@cell(17, "cancel", "no retry even though recovery authorizes one; turn/end aborted",
+      ["R13.2", "R13.5", "R15.1", "D2"], ["cancel", "differs-from-original", "D2"])
+def m17_cancel() -> Session:
+    s = failing(REQUEST_ERROR, "cancel", retry=True)
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) SE(1.1) TE(1,aborted)")
     assert "settled(1,aborted)" in s.live() and not [t for t in s.live() if t.startswith("error")]
     return s
 
 
-@cell(11, "cancel-after-classification", "(at agent/error, retry authorized) the error reason "
-      "stands and the retry is dropped", ["R13.5", "R16.2", "D2"],
-      ["cancel", "differs-from-original", "D2"])
-def m11_cancel_after_classification() -> Session:
-    s = failing(live("agent/error"), "cancel", retry=True)
+@cell(17, "cancel-at-warning", "(at the 'request recovery failed' warning) turn/end aborted",
+      ["R13.2", "R15.1", "R0.8"], ["cancel"])
+def m17_cancel_at_warning() -> Session:
+    s = Session(FAILURE)
+    s.handle("request-error", lambda e: ("raise", error("recovery broke")))
+    at(s, WARNING, "cancel")
+    s.followup("go")
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) SE(1.1) TE(1,aborted)")
+    return s
+
+
+@cell(18, "steer", "(no retry) retained; the next admitted turn takes it ahead of its prompt",
+      ["R11.3", "R8.3"])
+def m18_steer() -> Session:
+    s = failing(AGENT_ERROR, "steer", retry=False)
+    s.expect_log(FAILED_TURN)
+    s.followup("next")
+    s.run()
+    assert s.log()[6:9] == ["TS(2,msg:user)", "STM(2;'S';user)", "UM('next')"], s.log()
+    return s
+
+
+@cell(18, "inject", "(retry authorized) retained; taken when the retry starts",
+      ["R11.3", "R13.3"])
+def m18_inject() -> Session:
+    s = failing(AGENT_ERROR, "inject", retry=True)
+    s.expect_log(FAILED_TURN + " TS(2,retry) UM('C';plugin:test) SS(2.1) CH… AM(2.1;'ok') SE(2.1) "
+                 "TE(2,completed)")
+    return s
+
+
+@cell(18, "followup", "queued; claimed once the chain is over", ["R12.8", "R13.3"])
+def m18_followup() -> Session:
+    s = failing(AGENT_ERROR, "followup", retry=True, replies=("ok", "two"))
+    s.expect_log(FAILED_TURN + " TS(2,retry) SS(2.1) CH… AM(2.1;'ok') SE(2.1) TE(2,completed) "
+                 "TS(3,msg:user) UM('F') SS(3.1) CH… AM(3.1;'two') SE(3.1) TE(3,completed)")
+    return s
+
+
+@cell(18, "cancel", "(retry authorized) the error reason stays; the pending retry is dropped",
+      ["R13.5", "R16.2", "D2"], ["cancel", "differs-from-original", "D2"])
+def m18_cancel() -> Session:
+    s = failing(AGENT_ERROR, "cancel", retry=True)
     s.expect_log(FAILED_TURN)
     assert s.reasons()[0]["kind"] == "error" and "settled(1,error)" in s.live()
     return s
 
 
 # --------------------------------------------------------------------------
-# Row 12: turn/end observers
+# Row 19: turn/end
 # --------------------------------------------------------------------------
 
 TURN_END = durable("turn/end")
 
 
-@cell(12, "steer", "queued; claimed after the flush with no idle in between",
+@cell(19, "steer", "queued without a wake; claimed after the flush with no idle in between",
       ["R12.1", "R12.7", "D1"], ["differs-from-original", "D1"])
-def m12_steer() -> Session:
+def m19_steer() -> Session:
     s = basic(TURN_END, "steer")
     s.expect_log(TWO_TURNS.replace("'F'", "'S'"))
-    assert s.live("agent/status") == ["running", "idle"]
+    assert s.live("agent/status") == ["running", "idle"] and len(s.effects("tick")) == 1
     return s
 
 
-@cell(12, "inject", "appended right after turn/end (D4)", ["R12.3", "R5.2", "D4"],
+@cell(19, "inject", "appended right after turn/end (D4)", ["R12.3", "R5.2", "R0.6", "D4"],
       ["differs-from-original", "D4"])
-def m12_inject() -> Session:
+def m19_inject() -> Session:
     s = basic(TURN_END, "inject")
     s.expect_log(ONE_TURN + " UM('C';plugin:test)")
     return s
 
 
-@cell(12, "followup", "queued; claimed after the flush", ["R12.1", "R12.7"])
-def m12_followup() -> Session:
+@cell(19, "followup", "queued; claimed after the flush", ["R12.1", "R12.7"])
+def m19_followup() -> Session:
     s = basic(TURN_END, "followup")
     s.expect_log(TWO_TURNS)
     return s
 
 
-@cell(12, "cancel", "(failed turn, retry authorized) effective: cancel-requested, the retry is "
-      "dropped; the turn's reason is unchanged", ["R12.2", "R13.5", "D2"],
-      ["cancel", "differs-from-original", "D2"])
-def m12_cancel() -> Session:
+@cell(19, "cancel", "(failed turn, retry authorized) effective: cancel-requested, the retry is "
+      "dropped, abort for the finished controller; the reason stays",
+      ["R12.2", "R13.5", "R4.4", "D2"], ["cancel", "differs-from-original", "D2"])
+def m19_cancel() -> Session:
     s = failing(TURN_END, "cancel", retry=True)
     s.expect_log(FAILED_TURN)
-    assert "cancel-req(user)" in s.live() and "settled(1,error)" in s.live()
+    trace = s.trace()
+    assert trace[trace.index("[TE(1,error)]"):] == [
+        "[TE(1,error)]", "cancel-req(user)", "abort", "flush(1)", "settled(1,error)", "idle"], trace
     return s
 
 
-@cell(12, "dispose", "the turn's reason is unchanged and it settles completed; teardown",
+@cell(19, "dispose", "the reason stays; the turn settles completed; teardown",
       ["R12.2", "R17.1"], ["dispose"])
-def m12_dispose() -> Session:
+def m19_dispose() -> Session:
     s = basic(TURN_END, "dispose")
     s.expect_log(ONE_TURN)
     assert s.live()[-4:] == ["settled(1,completed)", "idle", "agent/disposed", "session/disposed"]
@@ -716,15 +1102,15 @@ def m12_dispose() -> Session:
 
 
 # --------------------------------------------------------------------------
-# Row 13: the post-turn flush
+# Row 20: the post-turn flush
 # --------------------------------------------------------------------------
 
 FLUSH = effect("flush")
 
 
-@cell(13, "steer", "(retry pending) queued without a wake; claimed after the retry chain (D1)",
-      ["R12.4", "R12.8", "R6.1", "D1"], ["differs-from-original", "D1"])
-def m13_steer() -> Session:
+@cell(20, "steer", "(retry pending) queued without a wake; claimed after the flush and the retry "
+      "chain (D1)", ["R12.4", "R12.8", "R6.1", "D1"], ["differs-from-original", "D1"])
+def m20_steer() -> Session:
     s = failing(FLUSH, "steer", retry=True, replies=("ok", "two"))
     s.expect_log(FAILED_TURN + " TS(2,retry) SS(2.1) CH… AM(2.1;'ok') SE(2.1) TE(2,completed) "
                  "TS(3,msg:user) UM('S') SS(3.1) CH… AM(3.1;'two') SE(3.1) TE(3,completed)")
@@ -732,19 +1118,31 @@ def m13_steer() -> Session:
     return s
 
 
-@cell(13, "inject", "appended at once", ["R12.4", "R5.2"])
-def m13_inject() -> Session:
+@cell(20, "inject", "appended now", ["R12.4", "R5.2"])
+def m20_inject() -> Session:
     s = basic(FLUSH, "inject")
     s.expect_log(ONE_TURN + " UM('C';plugin:test)")
     return s
 
 
-@cell(13, "followup", "queued without a wake; claimed right after the flush",
+@cell(20, "followup", "queued without a wake; claimed right after the flush",
       ["R12.4", "R6.1", "D1"], ["differs-from-original", "D1"])
-def m13_followup() -> Session:
+def m20_followup() -> Session:
     s = basic(FLUSH, "followup")
     s.expect_log(TWO_TURNS)
     assert len(s.effects("tick")) == 1
+    return s
+
+
+@cell(20, "followup-at-failed-flush", "(at a failed flush's agent/error) queued; claimed right "
+      "after the flush", ["R12.4", "R6.1"])
+def m20_followup_at_failed_flush() -> Session:
+    s = Session("one", "two")
+    s.handle("flush", lambda e: ("raise", error("disk unavailable")), times=1)
+    at(s, AGENT_ERROR, "followup")
+    s.followup("go")
+    s.run()
+    s.expect_log(TWO_TURNS)
     return s
 
 
@@ -758,18 +1156,19 @@ def flush_with_queue(command: Callable[[Session], None]) -> Session:
     return s
 
 
-@cell(13, "cancel", "(retry pending, a prompt queued) discards the prompt and drops the retry (D2)",
-      ["R12.4", "R13.5", "R16.4", "D2"], ["cancel", "differs-from-original", "D2"])
-def m13_cancel() -> Session:
+@cell(20, "cancel", "(retry pending, a prompt queued) discards the prompt and drops the retry (D2)",
+      ["R12.4", "R13.5", "R16.4", "R4.9", "D2"], ["cancel", "differs-from-original", "D2"])
+def m20_cancel() -> Session:
     s = flush_with_queue(lambda s: s.cancel())
     s.expect_log(FAILED_TURN)
     assert s.live()[-4:] == ["cancel-req(user)", "disc[Q]", "settled(1,error)", "idle"], s.live()
     return s
 
 
-@cell(13, "cancel-keep-inbox", "(retry pending, a prompt queued) keepInbox only drops the retry; "
-      "the queued prompt runs next", ["R12.4", "R16.5", "D2"], ["cancel", "differs-from-original", "D2"])
-def m13_cancel_keep_inbox() -> Session:
+@cell(20, "cancel-keep-inbox", "(retry pending, a prompt queued) keepInbox only drops the retry; "
+      "the queued prompt runs next", ["R12.4", "R16.5", "D2"],
+      ["cancel", "differs-from-original", "D2"])
+def m20_cancel_keep_inbox() -> Session:
     s = flush_with_queue(lambda s: s.cancel(keep_inbox=True))
     s.expect_log(FAILED_TURN + " TS(2,msg:user) UM('Q') SS(2.1) CH… AM(2.1;'ok') SE(2.1) "
                  "TE(2,completed)")
@@ -777,9 +1176,9 @@ def m13_cancel_keep_inbox() -> Session:
     return s
 
 
-@cell(13, "dispose", "(retry pending) disposal drops the retry; the failed turn settles; teardown",
+@cell(20, "dispose", "(retry pending) disposal drops the retry; the failed turn settles; teardown",
       ["R17.2", "R13.5", "D2"], ["dispose", "differs-from-original", "D2"])
-def m13_dispose() -> Session:
+def m20_dispose() -> Session:
     s = failing(FLUSH, "dispose", retry=True)
     s.expect_log(FAILED_TURN)
     assert s.live()[-4:] == ["settled(1,error)", "idle", "agent/disposed", "session/disposed"]
@@ -787,36 +1186,36 @@ def m13_dispose() -> Session:
 
 
 # --------------------------------------------------------------------------
-# Row 14: agent/settled observers
+# Row 21: agent/settled
 # --------------------------------------------------------------------------
 
 SETTLED = live("agent/settled")
 
 
-@cell(14, "steer", "queued; claimed at once by continue-or-idle", ["R12.7", "R6.1"])
-def m14_steer() -> Session:
+@cell(21, "steer", "queued; claimed right away by continue-or-idle", ["R12.7", "R6.1"])
+def m21_steer() -> Session:
     s = basic(SETTLED, "steer")
     s.expect_log(TWO_TURNS.replace("'F'", "'S'"))
     assert s.live("agent/status") == ["running", "idle"] and len(s.effects("tick")) == 1
     return s
 
 
-@cell(14, "inject", "appended at once", ["R5.2"])
-def m14_inject() -> Session:
+@cell(21, "inject", "appended now", ["R5.2"])
+def m21_inject() -> Session:
     s = basic(SETTLED, "inject")
     s.expect_log(ONE_TURN + " UM('C';plugin:test)")
     return s
 
 
-@cell(14, "followup", "queued; claimed at once", ["R12.7"])
-def m14_followup() -> Session:
+@cell(21, "followup", "queued; claimed right away", ["R12.7"])
+def m21_followup() -> Session:
     s = basic(SETTLED, "followup")
     s.expect_log(TWO_TURNS)
     return s
 
 
-@cell(14, "cancel", "(a second prompt queued) discards only", ["R16.4"], ["cancel"])
-def m14_cancel() -> Session:
+@cell(21, "cancel", "(a second prompt queued) discards, nothing more", ["R16.4"], ["cancel"])
+def m21_cancel() -> Session:
     s = Session("one")
     at(s, SETTLED, "cancel")
     s.followup("go")
@@ -827,9 +1226,9 @@ def m14_cancel() -> Session:
     return s
 
 
-@cell(14, "dispose", "(a second prompt queued) discards it; idle; teardown", ["R17.1"],
+@cell(21, "dispose", "(a second prompt queued) discards it; idle; teardown", ["R17.1"],
       ["dispose"])
-def m14_dispose() -> Session:
+def m21_dispose() -> Session:
     s = Session("one")
     at(s, SETTLED, "dispose")
     s.followup("go")
@@ -842,7 +1241,7 @@ def m14_dispose() -> Session:
 
 
 # --------------------------------------------------------------------------
-# Row 15: the rejected-admission tail
+# Row 22: the rejected tail
 # --------------------------------------------------------------------------
 
 TAIL_TICK = effect("tick", purpose="rejected-admission")
@@ -862,43 +1261,43 @@ def rejected(position: Predicate, command: str, *, second: bool = False) -> Sess
     return s
 
 
-@cell(15, "steer", "(during its tick) queued; claimed at continue-or-idle without a wake (D1)",
+@cell(22, "steer", "(during its tick) queued; claimed at continue-or-idle without a wake (D1)",
       ["R7.10", "R6.1", "D1"], ["differs-from-original", "D1"])
-def m15_steer() -> Session:
+def m22_steer() -> Session:
     s = rejected(TAIL_TICK, "steer")
     s.expect_log("UM('staged';plugin:test) TS(1,msg:user) UM('S') SS(1.1) RH(initial) CH… "
                  "AM(1.1;'one') SE(1.1) TE(1,completed)")
-    assert len(s.effects("tick", )) == 2 and s.live("agent/status") == ["running", "idle"]
+    assert len(s.effects("tick")) == 2 and s.live("agent/status") == ["running", "idle"]
     return s
 
 
-@cell(15, "inject", "(at its context append) appended at once, right after that event",
+@cell(22, "inject", "(at its context append) appended now, right after that event",
       ["R7.10", "R5.2", "R0.6"])
-def m15_inject() -> Session:
+def m22_inject() -> Session:
     s = rejected(durable("user/message"), "inject")
     assert s.log() == ["UM('staged';plugin:test)", "UM('C';plugin:test)"]
     return s
 
 
-@cell(15, "followup", "(during its tick) queued; claimed at continue-or-idle", ["R7.10", "R12.7"])
-def m15_followup() -> Session:
+@cell(22, "followup", "(during its tick) queued; claimed at continue-or-idle", ["R7.10", "R12.7"])
+def m22_followup() -> Session:
     s = rejected(TAIL_TICK, "followup")
     assert s.log()[:3] == ["UM('staged';plugin:test)", "TS(1,msg:user)", "UM('F')"]
     return s
 
 
-@cell(15, "cancel", "(during its tick, a prompt queued) discards only", ["R16.4", "R7.10"],
-      ["cancel"])
-def m15_cancel() -> Session:
+@cell(22, "cancel", "(during its tick, a prompt queued) discards, nothing more",
+      ["R16.4", "R7.10"], ["cancel"])
+def m22_cancel() -> Session:
     s = rejected(TAIL_TICK, "cancel", second=True)
     assert s.log() == ["UM('staged';plugin:test)"]
     assert s.live()[-3:] == ["cancel-req(user)", "disc[second]", "idle"]
     return s
 
 
-@cell(15, "dispose", "(during its tick, a prompt queued) discards it; idle; teardown",
+@cell(22, "dispose", "(during its tick, a prompt queued) discards it; idle; teardown",
       ["R17.1", "R7.10"], ["dispose"])
-def m15_dispose() -> Session:
+def m22_dispose() -> Session:
     s = rejected(TAIL_TICK, "dispose", second=True)
     assert s.log() == ["UM('staged';plugin:test)"]
     assert s.live()[-4:] == ["disc[second]", "idle", "agent/disposed", "session/disposed"]
@@ -906,14 +1305,14 @@ def m15_dispose() -> Session:
 
 
 # --------------------------------------------------------------------------
-# Row 16: agent/status('idle') observers
+# Row 23: agent/status idle
 # --------------------------------------------------------------------------
 
 IDLE = live("agent/status", status="idle")
 
 
-@cell(16, "steer", "queued plus a wake: a new running interval", ["R6.1", "R4.2"])
-def m16_steer() -> Session:
+@cell(23, "steer", "queued plus a wake: a new interval", ["R6.1", "R4.2"])
+def m23_steer() -> Session:
     s = basic(IDLE, "steer")
     s.expect_log(TWO_TURNS.replace("'F'", "'S'"))
     assert s.live("agent/status") == ["running", "idle", "running", "idle"]
@@ -921,31 +1320,31 @@ def m16_steer() -> Session:
     return s
 
 
-@cell(16, "inject", "appended at once", ["R5.2"])
-def m16_inject() -> Session:
+@cell(23, "inject", "appended now", ["R5.2"])
+def m23_inject() -> Session:
     s = basic(IDLE, "inject")
     s.expect_log(ONE_TURN + " UM('C';plugin:test)")
     return s
 
 
-@cell(16, "followup", "queued plus a wake: a new running interval", ["R6.1", "R4.2"])
-def m16_followup() -> Session:
+@cell(23, "followup", "queued plus a wake: a new interval", ["R6.1", "R4.2"])
+def m23_followup() -> Session:
     s = basic(IDLE, "followup")
     s.expect_log(TWO_TURNS)
     assert s.live("agent/status") == ["running", "idle", "running", "idle"]
     return s
 
 
-@cell(16, "cancel", "with nothing pending: a no-op", ["R16.1"], ["cancel"])
-def m16_cancel() -> Session:
+@cell(23, "cancel", "with nothing pending: a no-op", ["R16.1"], ["cancel"])
+def m23_cancel() -> Session:
     s = basic(IDLE, "cancel")
     s.expect_log(ONE_TURN)
     assert s.live()[-1] == "idle" and "cancel-req(user)" not in s.live()
     return s
 
 
-@cell(16, "dispose", "teardown right after idle", ["R17.1"], ["dispose"])
-def m16_dispose() -> Session:
+@cell(23, "dispose", "teardown right after idle", ["R17.1"], ["dispose"])
+def m23_dispose() -> Session:
     s = basic(IDLE, "dispose")
     s.expect_log(ONE_TURN)
     assert s.live()[-3:] == ["idle", "agent/disposed", "session/disposed"]
@@ -953,7 +1352,7 @@ def m16_dispose() -> Session:
 
 
 # --------------------------------------------------------------------------
-# Row 17: agent/cancel-requested observers
+# Row 24: agent/cancel-requested
 # --------------------------------------------------------------------------
 
 CANCEL_REQ = live("agent/cancel-requested")
@@ -973,32 +1372,45 @@ def cancel_while_streaming(command: str) -> Session:
     return s
 
 
-@cell(17, "steer", "(window open) staged, then cleared by the same cancel", ["R16.2", "P7"],
-      ["cancel"])
-def m17_steer() -> Session:
+@cell(24, "steer", "swept into that cancel's reports (P7)", ["R16.2", "P7"], ["cancel"])
+def m24_steer() -> Session:
     s = cancel_while_streaming("steer")
-    assert "enq(S,s)" in s.live() and "disc[S]" in s.live()
+    assert s.live()[3:6] == ["cancel-req(user)", "enq(S,s)", "disc[S]"], s.live()
     return s
 
 
-@cell(17, "inject", "(window open) staged, then cleared and reported (D6)",
+@cell(24, "inject", "(window open) staged, then swept into its context report (D6)",
       ["R16.2", "P7", "D6"], ["cancel", "differs-from-original", "D6"])
-def m17_inject() -> Session:
+def m24_inject() -> Session:
     s = cancel_while_streaming("inject")
-    assert "ctxdisc[C]" in s.live()
+    assert s.live()[3:5] == ["cancel-req(user)", "ctxdisc[C]"], s.live()
     return s
 
 
-@cell(17, "followup", "queued, then cleared by the same cancel", ["R16.2", "P7"], ["cancel"])
-def m17_followup() -> Session:
+@cell(24, "inject-window-closed", "(idle, a quiet item parked) appended now, kept",
+      ["R16.2", "R5.2"], ["cancel"])
+def m24_inject_window_closed() -> Session:
+    s = Session()
+    at(s, CANCEL_REQ, "inject")
+    s.send("quiet", {"target": "next-turn", "wakeup": False})
+    s.run()
+    s.cancel()
+    s.run()
+    assert s.log() == ["UM('C';plugin:test)"]
+    assert s.live() == ["enq(quiet,q)", "cancel-req(user)", "disc[quiet]"]
+    return s
+
+
+@cell(24, "followup", "swept into that cancel's reports (P7)", ["R16.2", "P7"], ["cancel"])
+def m24_followup() -> Session:
     s = cancel_while_streaming("followup")
-    assert "enq(F,q)" in s.live() and "disc[F]" in s.live()
+    assert s.live()[3:6] == ["cancel-req(user)", "enq(F,q)", "disc[F]"], s.live()
     return s
 
 
-@cell(17, "cancel", "the first cause stands; cancel-requested is emitted again",
-      ["R16.3"], ["cancel"])
-def m17_cancel() -> Session:
+@cell(24, "cancel", "joins that cancel: cancel-requested again, nothing more cleared, the first "
+      "cause stays", ["R16.3", "P7"], ["cancel"])
+def m24_cancel() -> Session:
     s = Session()
     s.hold("model")
     s.on(CANCEL_REQ, lambda o: s.cancel("parent"), nth=1)
@@ -1015,30 +1427,16 @@ def m17_cancel() -> Session:
     return s
 
 
-@cell(17, "inject-window-closed", "(idle, a quiet item parked) appended at once, not cleared",
-      ["R16.2", "R5.2"], ["cancel"])
-def m17_inject_window_closed() -> Session:
-    s = Session()
-    at(s, CANCEL_REQ, "inject")
-    s.send("quiet", {"target": "next-turn", "wakeup": False})
-    s.run()
-    s.cancel()
-    s.run()
-    assert s.log() == ["UM('C';plugin:test)"]
-    assert s.live() == ["enq(quiet,q)", "cancel-req(user)", "disc[quiet]"]
-    return s
-
-
 # --------------------------------------------------------------------------
-# Row 18: discard and abort observers
+# Row 25: discard and abort outputs
 # --------------------------------------------------------------------------
 
 ABORT_SIGNAL = control("abort")
 
 
-@cell(18, "steer", "(abort observer, during a tool body) survives: staged and drained by the "
-      "end-of-step drain after the aborted batch", ["R16.2", "R10.8", "R11.1"], ["cancel", "tools"])
-def m18_steer() -> Session:
+@cell(25, "steer", "(at abort, during a tool body) kept: staged and written by the end-of-step "
+      "drain after the aborted batch", ["R16.2", "R10.8", "R11.1"], ["cancel", "tools"])
+def m25_steer() -> Session:
     s = Session(calls(("c1", "t")))
     s.hold("tool-execute")
     at(s, ABORT_SIGNAL, "steer")
@@ -1053,9 +1451,9 @@ def m18_steer() -> Session:
     return s
 
 
-@cell(18, "inject", "(inbox discard observer, while streaming) survives: staged, retained after "
-      "the aborted turn, taken by the next admitted turn", ["R16.2", "R11.3"], ["cancel"])
-def m18_inject() -> Session:
+@cell(25, "inject", "(at the inbox discard, while streaming) kept: staged, retained after the "
+      "aborted turn, taken by the next admitted turn", ["R16.2", "R11.3"], ["cancel"])
+def m25_inject() -> Session:
     s = Session("later reply")
     s.hold("model")
     at(s, live("agent/inbox/discard"), "inject")
@@ -1074,9 +1472,9 @@ def m18_inject() -> Session:
     return s
 
 
-@cell(18, "followup", "(abort observer, while streaming) survives; queued and run next",
+@cell(25, "followup", "(at abort, while streaming) kept; queued and next to run",
       ["R16.2", "R12.7"], ["cancel"])
-def m18_followup() -> Session:
+def m25_followup() -> Session:
     s = Session("two")
     s.hold("model")
     at(s, ABORT_SIGNAL, "followup")
@@ -1091,9 +1489,9 @@ def m18_followup() -> Session:
     return s
 
 
-@cell(18, "cancel", "(inbox discard observer, idle) nothing is pending again: a no-op",
+@cell(25, "cancel", "(at the inbox discard, idle) nothing is pending again and no owner: a no-op",
       ["R16.1"], ["cancel"])
-def m18_cancel() -> Session:
+def m25_cancel() -> Session:
     s = Session()
     at(s, live("agent/inbox/discard"), "cancel")
     s.send("quiet", {"target": "next-turn", "wakeup": False})
@@ -1104,45 +1502,65 @@ def m18_cancel() -> Session:
 
 
 # --------------------------------------------------------------------------
-# Row 19: agent/session-start observers
+# Row 26: publication
 # --------------------------------------------------------------------------
 
 SESSION_START = live("agent/session-start")
 
 
-def at_start(command: str) -> Session:
+def at_start(command: str, position: Predicate = SESSION_START) -> Session:
     s = Session("one")
-    at(s, SESSION_START, command)
+    at(s, position, command)
     s.run()
     return s
 
 
-@cell(19, "steer", "queued plus a wake", ["R5.3", "R6.1"])
-def m19_steer() -> Session:
+@cell(26, "steer", "queued plus a wake", ["R5.3", "R6.1", "P11"])
+def m26_steer() -> Session:
     s = at_start("steer")
     s.expect_log(ONE_TURN.replace("'go'", "'S'"))
     return s
 
 
-@cell(19, "inject", "appended at once, before the first turn", ["R5.2"])
-def m19_inject() -> Session:
-    s = at_start("inject")
+@cell(26, "inject", "(at agent/created) appended now, before the first turn", ["R5.2", "P11"])
+def m26_inject() -> Session:
+    s = at_start("inject", live("agent/created"))
     s.expect_log("UM('C';plugin:test)")
     return s
 
 
-@cell(19, "followup", "queued plus a wake", ["R5.3", "R6.1"])
-def m19_followup() -> Session:
-    s = at_start("followup")
+@cell(26, "followup", "(at session/created) queued plus a wake", ["R5.3", "R6.1", "P11"])
+def m26_followup() -> Session:
+    s = at_start("followup", live("session/created"))
     s.expect_log(ONE_TURN.replace("'go'", "'F'"))
     return s
 
 
-@cell(19, "cancel", "never raises; a no-op with nothing pending", ["R16.1", "R23.2"], ["cancel"])
-def m19_cancel() -> Session:
+@cell(26, "cancel", "never raises; does nothing with nothing pending", ["R16.1", "P11"], ["cancel"])
+def m26_cancel() -> Session:
     s = at_start("cancel")
     assert s.log() == [] and s.live() == [] and s.caught == []
     return s
 
 
+# --------------------------------------------------------------------------
+# Row 27: after teardown
+# --------------------------------------------------------------------------
 
+
+@cell(27, "all", "every command but dispose raises DisposedError with no effect, ahead of "
+      "validation; dispose() does nothing", ["R17.3", "P10"], ["dispose"])
+def m27_all() -> Session:
+    s = Session()
+    s.dispose()
+    s.run()
+    assert s.live() == ["agent/disposed", "session/disposed"]
+    for command in (lambda: s.steer("S"), lambda: s.inject("C"), lambda: s.followup("F"),
+                    lambda: s.cancel(), lambda: s.core.followup({"not": "a message"}),
+                    lambda: s.core.cancel({"kind": "bogus"})):
+        problem = s.attempt(command)
+        assert problem is not None and "disposed" in problem, problem
+    s.dispose()
+    s.run()
+    assert s.live() == ["agent/disposed", "session/disposed"] and s.log() == []
+    return s

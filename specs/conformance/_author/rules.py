@@ -1,1 +1,473 @@
-"""TODO"""
+"""Vectors for rules that the scenarios and the matrix leave uncovered or cover only in passing.
+
+Ids ``R-<topic>`` (core rules) and ``P-<topic>`` (protocol rules).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from machine.conformance.authoring import (
+    Session,
+    calls,
+    error,
+    model_failure,
+    reply,
+    result,
+    scenario,
+)
+from machine.io import Effect
+from machine.vocabulary import ErrorInfo
+
+FAILURE = model_failure("model unavailable", "UNAVAILABLE")
+PARALLEL: Any = "parallel"
+
+
+@scenario("R-invalid-decisions",
+          "R7.11: a prompt-submit value that is not a valid decision (an unknown kind; an allow "
+          "whose additional context is malformed) rejects the admission with the warning "
+          "'prompt admission returned an invalid decision: <problem>'; nothing of it is written",
+          ["R7.11", "R7.7", "R7.10", "R4.10", "R0.8", "D5", "V17"],
+          ["rule", "differs-from-original", "D5"])
+def invalid_decisions() -> Session:
+    s = Session("ok")
+    decisions = iter([{"kind": "maybe"},
+                      {"kind": "allow", "additionalContexts": [
+                          {"id": "x", "role": "user", "content": [], "source": {}}]},
+                      {"kind": "allow"}])
+    s.handle("prompt-submit", lambda e: ("resolve", next(decisions)))
+    s.followup("first")
+    s.followup("second")
+    s.followup("third")
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('third') SS(1.1) RH(initial) CH… AM(1.1;'ok') SE(1.1) "
+                 "TE(1,completed)")
+    warnings = [t for t in s.live() if t.startswith("warn(")]
+    assert len(warnings) == 2 and all(
+        w.startswith("warn('prompt admission returned an invalid decision: ") for w in warnings)
+    assert not [t for t in s.live() if t.startswith("error")]
+    return s
+
+
+@scenario("R-tool-arguments-planned",
+          "R10.1: tool arguments are planned from the model's text: '' becomes {}, JSON text "
+          "becomes its value, unparsable text stays a string; tool/call and every stage carry "
+          "the planned value",
+          ["R10.1", "R10.3", "R10.4", "R9.9"], ["rule", "tools"])
+def arguments() -> Session:
+    s = Session(calls(("c1", "t", ""), ("c2", "t", '{"path": "a.ts", "n": [1, 2]}'),
+                      ("c3", "t", "{not json")), "done")
+    s.followup("go")
+    s.run()
+    planned = [d["arguments"] for d in s.data("tool/call")]
+    assert planned == [{}, {"path": "a.ts", "n": [1, 2]}, "{not json"]
+    assert [e.payload["arguments"] for e in s.effects("tool-execute")] == planned
+    return s
+
+
+@scenario("R-batch-failure-raise",
+          "R10.9: a tool stage that raises fails the batch: calls ahead of it are committed and "
+          "their contexts staged, the failing call and the ones after it get no tool/result, the "
+          "step is closed without an end-of-step drain and the turn ends with a generic error "
+          "carrying the error's rendered text and code; the staged context is retained and "
+          "written by the next admitted turn",
+          ["R10.9", "R8.6", "R15.3", "R11.3", "R4.10", "R0.9", "D5"], ["rule", "tools"])
+def batch_failure_raise() -> Session:
+    s = Session(calls(("c1", "t"), ("c2", "t"), ("c3", "t")), "next")
+    s.handle("tool-finalize", lambda e: ("resolve", result(contexts=[s.msg("ctx-c1", "plugin:p")]))
+             if e.payload["callId"] == "c1" else None)
+    s.handle("tool-execute", lambda e: ("raise", ErrorInfo(
+        "disk full", "ToolError", "EIO", causes=("write failed",)))
+             if e.payload["callId"] == "c2" else None)
+    s.followup("go")
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;call c1+call c2+call c3) "
+                 "TC(1.1;c1) TR(1.1;c1;ok) TC(1.1;c2) SE(1.1) TE(1,error)")
+    assert s.reasons() == [{"kind": "error", "step": 1, "message": "disk full: write failed",
+                            "code": "EIO"}]
+    assert s.core.pending_context == 1
+    s.followup("again")
+    s.run()
+    assert s.log()[11:14] == ["TS(2,msg:user)", "UM('ctx-c1';plugin:p)", "UM('again')"], s.log()
+    return s
+
+
+@scenario("R-batch-failure-invalid-result",
+          "R10.9, R15.4: an invalid tool result (content not a list) fails the batch with the "
+          "core-built error InvalidToolResultError / INVALID_TOOL_RESULT (its message is "
+          "implementation-worded)",
+          ["R10.9", "R15.4", "R15.3", "D5", "V16"], ["rule", "tools", "differs-from-original", "D5"])
+def batch_failure_invalid() -> Session:
+    s = Session(calls(("c1", "t")))
+    s.handle("tool-execute", lambda e: ("resolve", {"content": "not a list"}))
+    s.followup("go")
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;call c1) TC(1.1;c1) "
+                 "SE(1.1) TE(1,error)")
+    reason = s.reasons()[0]
+    assert reason["code"] == "INVALID_TOOL_RESULT" and reason["step"] == 1
+    errors = [o.to_json() for o in s.outputs if o.to_json().get("type") == "agent/error"]
+    assert errors[0]["error"]["name"] == "InvalidToolResultError"
+    return s
+
+
+@scenario("R-retry-chain",
+          "R13.2–R13.4, R12.5–R12.6: recovery authorizes retries; each retry turn starts after "
+          "the failed turn's flush with trigger retry and no settlement in between; "
+          "priorFailures grows along the chain; a completed step and a new admitted turn reset it",
+          ["R13.2", "R13.3", "R13.4", "R12.5", "R12.6", "R4.9", "R15.2", "V21"], ["rule"])
+def retry_chain() -> Session:
+    second = model_failure("still unavailable", "UNAVAILABLE", status=503)
+    s = Session(FAILURE, second, "finally", model_failure("again", "UNAVAILABLE"))
+    s.handle("request-error", lambda e: ("resolve", {"kind": "retry"}), times=2)
+    s.followup("go")
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) SE(1.1) TE(1,error) TS(2,retry) "
+                 "SS(2.1) SE(2.1) TE(2,error) TS(3,retry) SS(3.1) CH… AM(3.1;'finally') SE(3.1) "
+                 "TE(3,completed)")
+    assert [t for t in s.live() if t.startswith("settled")] == ["settled(3,completed)"]
+    prior = [len(e.payload["priorFailures"]) for e in s.effects("request-error")]
+    assert prior == [0, 1], prior
+    s.followup("next")
+    s.run()
+    assert [len(e.payload["priorFailures"]) for e in s.effects("request-error")] == [0, 1, 0]
+    return s
+
+
+@scenario("R-invalid-chunks",
+          "R9.7, R15.4: a text chunk without text releases the stream and fails the step with "
+          "INVALID_CHUNK without being appended; a stream ending without a finish chunk fails "
+          "the same way; neither is a request failure",
+          ["R9.7", "R15.4", "R13.1", "R15.3", "P5", "P12", "D5", "V18"],
+          ["rule", "differs-from-original", "D5"])
+def invalid_chunks() -> Session:
+    s = Session([{"type": "text", "text": "no finish"}])
+    s.hold("model")
+    s.followup("first")
+    s.run()
+    s.stream([{"type": "text", "text": "fine"}], end=False)
+    s.pump()
+    s.stream([{"type": "text"}], end=False)
+    s.run()
+    s.followup("second")
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('first') SS(1.1) RH(initial) CH SE(1.1) TE(1,error) "
+                 "TS(2,msg:user) UM('second') SS(2.1) CH SE(2.1) TE(2,error)")
+    assert [r["code"] for r in s.reasons()] == ["INVALID_CHUNK", "INVALID_CHUNK"]
+    assert "release" in s.trace() and not s.effects("request-error") and not s.driver.held
+    return s
+
+
+@scenario("R-chunk-after-finish",
+          "R9.7: a chunk after the finish chunk is invalid: the stream is released, the step "
+          "fails with INVALID_CHUNK and no assistant message is written",
+          ["R9.7", "R15.4", "P5"], ["rule"])
+def chunk_after_finish() -> Session:
+    s = Session()
+    s.hold("model")
+    s.followup("go")
+    s.run()
+    s.stream([{"type": "text", "text": "done"}, {"type": "finish", "kind": "stop"},
+              {"type": "text", "text": "extra"}], end=False)
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… SE(1.1) TE(1,error)")
+    assert s.reasons()[0]["code"] == "INVALID_CHUNK"
+    assert "release" in s.trace() and not s.driver.held
+    return s
+
+
+@scenario("P-invalid-request-header",
+          "P13, R9.6: a request header whose config lacks a model is a generic failure coded "
+          "INVALID_REQUEST_CONFIG (RequestConfigError), not a request failure; no header is "
+          "logged and no model call is made",
+          ["P13", "R9.6", "R15.4", "R13.1", "D5"], ["rule"])
+def invalid_header() -> Session:
+    s = Session()
+    s.handle("request", lambda e: ("resolve", {"config": {"provider": "p"}}))
+    s.followup("go")
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) SE(1.1) TE(1,error)")
+    assert s.reasons()[0]["code"] == "INVALID_REQUEST_CONFIG"
+    assert not s.effects("model") and not s.effects("request-error")
+    return s
+
+
+@scenario("R-request-header-change",
+          "R9.6: the first header of an instance is logged 'initial'; later requests are seeded "
+          "with the last logged config; a header equal to the last one is not logged again, a "
+          "different one is logged with reason 'change'",
+          ["R9.6", "R4.8", "R20.3", "P4"], ["rule"])
+def header_change() -> Session:
+    s = Session("one", "two", "three", request_options={"provider": "p", "model": "m1"})
+    headers = iter([{"config": {"provider": "p", "model": "m1"}},
+                    {"config": {"provider": "p", "model": "m1"}},
+                    {"config": {"provider": "p", "model": "m2"}, "system": "be brief"}])
+    s.handle("request", lambda e: ("resolve", next(headers)))
+    s.followup("a")
+    s.followup("b")
+    s.followup("c")
+    s.run()
+    assert [t for t in s.log() if t.startswith("RH")] == ["RH(initial)", "RH(change)"]
+    seeds = [e.payload["config"] for e in s.effects("request")]
+    assert seeds == [{"provider": "p", "model": "m1"}] * 3
+    am = s.data("assistant/message")
+    assert am[2]["message"]["source"] == {"kind": "model", "provider": "p", "model": "m2"}
+    return s
+
+
+@scenario("R-parallel-pool-limit",
+          "R10.2, R10.4: a pool of parallel calls keeps at most maxParallelToolCalls in flight; "
+          "a settlement with nothing committable yet starts the next call; results are committed "
+          "in model order even when a later call settles first",
+          ["R10.2", "R10.4", "R10.3", "P6", "P11"], ["rule", "tools"])
+def parallel_pool() -> Session:
+    s = Session(calls(("c1", "p"), ("c2", "p"), ("c3", "p")), "done",
+                tool_modes={"p": PARALLEL}, max_parallel=2)
+    s.hold("tool-execute", times=3)
+    s.followup("go")
+    s.run()
+    assert [e.payload["callId"] for e in s.effects("tool-execute")] == ["c1", "c2"]
+    execute = {e.payload["callId"]: e for e in s.effects("tool-execute")}
+    s.driver.held.remove(execute["c2"])
+    s.core.resolve(execute["c2"].id, result("second"))
+    s.run()
+    assert s.log()[-3:] == ["TC(1.1;c1)", "TC(1.1;c2)", "TC(1.1;c3)"], s.log()
+    s.driver.held.remove(execute["c1"])
+    s.core.resolve(execute["c1"].id, result("first"))
+    s.run()
+    s.resolve("tool-execute", result("third"))
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;call c1+call c2+call c3) "
+                 "TC(1.1;c1) TC(1.1;c2) TC(1.1;c3) TR(1.1;c1;ok) TR(1.1;c2;ok) TR(1.1;c3;ok) "
+                 "SE(1.1) SS(1.2) CH… AM(1.2;'done') SE(1.2) TE(1,completed)")
+    return s
+
+
+@scenario("R-prepare-final-result",
+          "R10.3, R10.11: a prepare stage that supplies a final result skips execute and "
+          "finalize; that result is kept even when the turn was aborted meanwhile",
+          ["R10.3", "R10.11", "R10.7"], ["rule", "tools", "cancel"])
+def prepare_final() -> Session:
+    s = Session(calls(("c1", "t"), ("c2", "t")))
+
+    def prepare(e: Effect) -> Any:
+        if e.payload["callId"] == "c1":
+            s.cancel()
+            return ("resolve", result("from prepare"))
+        return None
+    s.handle("tool-prepare", prepare)
+    s.followup("go")
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;call c1+call c2) "
+                 "TC(1.1;c1) TR(1.1;c1;ok) TC(1.1;c2) TR(1.1;c2;ERR ABD) SE(1.1) TE(1,aborted)")
+    assert not s.effects("tool-execute") and not s.effects("tool-finalize")
+    return s
+
+
+@scenario("R-concludes-turn",
+          "R10.6, R8.4: a successful result with concludesTurn ends the turn after its step: no "
+          "turn-stopping, no second request; steering accepted during the batch is still written "
+          "by the end-of-step drain; an error result's concludesTurn does not count",
+          ["R10.6", "R8.4", "R9.10"], ["rule", "tools"])
+def concludes() -> Session:
+    s = Session(calls(("c1", "t"), ("c2", "t")), calls(("c3", "t")))
+
+    def execute(e: Effect) -> Any:
+        call_id = e.payload["callId"]
+        if call_id == "c1":
+            return ("resolve", result("bad", isError=True, concludesTurn=True))
+        if call_id == "c2":
+            return ("resolve", result("done"))
+        s.steer("noted")
+        return ("resolve", result("final", concludesTurn=True))
+    s.handle("tool-execute", execute)
+    s.followup("go")
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;call c1+call c2) "
+                 "TC(1.1;c1) TR(1.1;c1;ERR) TC(1.1;c2) TR(1.1;c2;ok) SE(1.1) SS(1.2) CH… "
+                 "AM(1.2;call c3) TC(1.2;c3) TR(1.2;c3;ok) STM(1;'noted';user) SE(1.2) "
+                 "TE(1,completed)")
+    assert not s.effects("turn-stopping") and len(s.effects("model")) == 2
+    return s
+
+
+@scenario("R-max-tokens-sticky",
+          "R14.2, R14.3: after a max-tokens step a turn-stopping steer continues the turn; the "
+          "reason stays max-tokens through the later normal step; the next turn starts at "
+          "completed",
+          ["R14.2", "R14.3", "R8.5", "V19"], ["rule"])
+def max_tokens_sticky() -> Session:
+    s = Session(reply("cut", finish="max-tokens"), "rest", "next")
+    s.handle("turn-stopping", lambda e: s.steer("continue") or None, times=1)
+    s.followup("go")
+    s.run()
+    s.followup("again")
+    s.run()
+    assert [r["kind"] for r in s.reasons()] == ["max-tokens", "completed"]
+    assert [t for t in s.live() if t.startswith("settled")] == [
+        "settled(1,completed)", "settled(2,completed)"]
+    return s
+
+
+@scenario("R-dispose-no-new-work",
+          "R17.4, R17.1: while disposing nothing new is claimed: a waking prompt sent during the "
+          "turn's disposal is discarded by a disposed cancel at continue-or-idle; a quiet item "
+          "sent during the flush is reported at teardown, before agent/disposed",
+          ["R17.4", "R17.1", "R17.3", "R20.1"], ["rule", "dispose"])
+def dispose_no_new_work() -> Session:
+    s = Session()
+    s.hold("model")
+    s.hold("flush")
+    s.followup("go")
+    s.run()
+    s.dispose()
+    s.followup("late")
+    s.run()
+    s.fail_model(error("aborted", "AbortError"))
+    s.run()
+    s.send("parked", {"target": "next-turn", "wakeup": False})
+    s.resolve("flush")
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) SE(1.1) TE(1,disposed)")
+    tail = s.live()[s.live().index("settled(1,aborted)"):]
+    assert tail == ["settled(1,aborted)", "disc[late,parked]", "idle", "agent/disposed",
+                    "session/disposed"] or tail == [
+        "settled(1,aborted)", "disc[late]", "idle", "disc[parked]", "agent/disposed",
+        "session/disposed"], tail
+    return s
+
+
+@scenario("R-keep-inbox-during-turn",
+          "R16.5: a keepInbox cancel aborts only the running turn; the queued prompt is claimed "
+          "right after the aborted turn's flush with no idle in between, and retained steering "
+          "is taken by its inherited drain",
+          ["R16.5", "R11.3", "R8.3", "R7.2"], ["rule", "cancel"])
+def keep_inbox_turn() -> Session:
+    s = Session("next reply")
+    s.hold("model")
+    s.followup("go")
+    s.run()
+    s.followup("next")
+    s.steer("kept steering")
+    s.cancel(keep_inbox=True)
+    s.run()
+    s.fail_model(error("aborted", "AbortError"))
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) SE(1.1) TE(1,aborted) "
+                 "TS(2,msg:user) STM(2;'kept steering';user) UM('next') SS(2.1) CH… "
+                 "AM(2.1;'next reply') SE(2.1) TE(2,completed)")
+    assert s.live("agent/status") == ["running", "idle"]
+    assert not [t for t in s.live() if t.startswith(("disc", "ctxdisc"))]
+    return s
+
+
+@scenario("R-ignored-signal-awaited",
+          "R16.6, R0.7: work that ignores its signal keeps running: after a cancel the turn waits "
+          "for the outstanding tool body before it can close, and a body that then fails with an "
+          "error result keeps that result",
+          ["R16.6", "R0.7", "R10.7", "R10.11"], ["rule", "cancel", "tools"])
+def ignored_signal() -> Session:
+    s = Session(calls(("c1", "t")))
+    s.hold("tool-execute")
+    s.followup("go")
+    s.run()
+    s.cancel()
+    s.run()
+    assert s.types()[-1] == "tool/call" and not s.core.is_quiescent
+    s.resolve("tool-execute", result("failed anyway", isError=True))
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;call c1) TC(1.1;c1) "
+                 "TR(1.1;c1;ERR) SE(1.1) TE(1,aborted)")
+    return s
+
+
+@scenario("P-protocol-errors",
+          "P10, P5: completions of an effect that was never requested, already completed or "
+          "released, a chunk for a non-model effect, a resolve for a model effect and a raise "
+          "without an error are refused with a protocol error and change nothing",
+          ["P10", "P5", "P4", "R4.10"], ["rule", "protocol"])
+def protocol_errors() -> Session:
+    s = Session()
+    s.hold("model")
+    s.hold("step")
+    s.followup("go")
+    s.run()
+    step = s.held("step")
+    for bad in (lambda: s.core.resolve(99, None), lambda: s.core.chunk(step.id, {"type": "x"}),
+                lambda: s.core.fail(step.id, "not an error")):  # type: ignore[arg-type]
+        assert s.attempt(bad) is not None
+    s.resolve("step")
+    assert s.attempt(lambda: s.core.resolve(step.id, None)) is not None
+    s.run()
+    model = s.held("model")
+    assert s.attempt(lambda: s.core.resolve(model.id, None)) is not None
+    s.cancel()
+    s.run()
+    s.core.chunk(model.id, {"type": "text", "text": "late"})
+    s.run()
+    assert "release" in s.trace()
+    assert s.attempt(lambda: s.core.end(model.id)) is not None
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) SE(1.1) TE(1,aborted)")
+    assert len(s.caught) == 6
+    return s
+
+
+@scenario("P-lazy-completions",
+          "P6, P3: a completion is buffered and consumed only when the loop next waits for it, so "
+          "a command fed after the completion (and before the next pull) takes effect first: "
+          "context injected after the step hook's completion still joins the top-of-step drain",
+          ["P6", "P3", "R9.2"], ["rule", "protocol"])
+def lazy_completions() -> Session:
+    s = Session("ok")
+    s.hold("step")
+    s.followup("go")
+    s.run()
+    s.resolve("step")
+    s.inject("after completion", "plugin:test")
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') UM('after completion';plugin:test) SS(1.1) RH(initial) "
+                 "CH… AM(1.1;'ok') SE(1.1) TE(1,completed)")
+    return s
+
+
+@scenario("P-folding-and-ids",
+          "P12, R9.8: consecutive text chunks extend one text block, reasoning likewise, a block "
+          "chunk adds its block, other chunk types add nothing; the assistant id is "
+          "assistant-<seq> and its source names the header's provider and model; usage comes "
+          "from the finish chunk",
+          ["P12", "R9.8", "R9.7", "V18"], ["rule", "protocol"])
+def folding() -> Session:
+    chunks = [{"type": "reasoning", "text": "think "}, {"type": "reasoning", "text": "hard"},
+              {"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"},
+              {"type": "ping"}, {"type": "text", "text": "!"},
+              {"type": "block", "block": {"type": "text", "text": "as a block"}},
+              {"type": "finish", "kind": "stop", "usage": {"outputTokens": 7}}]
+    s = Session(chunks, request_options={"provider": "acme", "model": "m-1"})
+    s.followup("go")
+    s.run()
+    am = s.data("assistant/message")[0]
+    seq = next(e.seq for e in s.events() if e.type == "assistant/message")
+    assert am["message"]["id"] == f"assistant-{seq}"
+    assert am["message"]["content"] == [
+        {"type": "reasoning", "text": "think hard"}, {"type": "text", "text": "Hello!"},
+        {"type": "text", "text": "as a block"}], am
+    assert am["message"]["source"] == {"kind": "model", "provider": "acme", "model": "m-1"}
+    assert am["usage"] == {"outputTokens": 7}
+    return s
+
+
+@scenario("R-step-failure-rendered",
+          "R0.9, R15.3: the turn/end message of a generic failure is the rendered text (the "
+          "message, then ': ' and each cause); agent/error carries the error as data",
+          ["R0.9", "R15.3", "R8.6", "V15"], ["rule"])
+def rendered() -> Session:
+    s = Session()
+    s.handle("system-prompt", lambda e: ("raise", ErrorInfo(
+        "", "PromptError", causes=("template missing", "file not found"))))
+    s.followup("go")
+    s.run()
+    assert s.reasons() == [{"kind": "error", "step": 1,
+                            "message": "PromptError: template missing: file not found"}]
+    return s
+

@@ -10,9 +10,11 @@ U = {"inputTokens": 3, "outputTokens": 2}
 @scenario("A1-simple-prompt-turn",
           "A1. A followup on an idle agent runs one complete turn: wake, claim, admission, one "
           "step with its request header, turn-stopping, turn end, flush, settlement, idle",
-          ["R4.2", "R4.3", "R5.3", "R5.4", "R5.5", "R6.1", "R6.2", "R7.2", "R7.4", "R7.5", "R7.6",
+          ["R0.1", "R0.2", "R0.3", "R0.4", "R3.1", "R3.2", "R4.2", "R4.3", "R5.3", "R5.4", "R5.5",
+           "R6.1", "R6.2", "R7.2", "R7.4", "R7.5", "R7.6",
            "R7.9", "R8.1", "R8.2", "R8.3", "R8.4", "R8.5", "R8.7", "R9.1", "R9.3", "R9.4", "R9.5",
-           "R9.6", "R9.7", "R9.8", "R9.10", "R12.4", "R12.5", "R12.7"],
+           "R9.6", "R9.7", "R9.8", "R9.10", "R8.8", "R12.4", "R12.5", "R12.7", "R20.3", "P1",
+           "P4", "P8", "P11"],
           ["scenario", "scenario:A1"])
 def a1() -> Session:
     s = Session(["unused"])
@@ -55,7 +57,7 @@ def a2() -> Session:
           "no effect (empty id, assistant role, missing source, source without kind, block "
           "without type, next-turn without wakeup, an extra option); a later valid followup runs "
           "as turn 1",
-          ["R5.1", "D5", "R1.7", "R1.8"], ["scenario", "scenario:A3", "differs-from-original", "D5"])
+          ["R5.1", "D5", "V7", "V10"], ["scenario", "scenario:A3", "differs-from-original", "D5"])
 def a3() -> Session:
     s = Session("ok")
     s.pump()
@@ -84,7 +86,7 @@ def a3() -> Session:
 @scenario("A4-idle-context-then-prompt",
           "A4. Idle context is appended at once, between turns, and the next turn's request "
           "contains it verbatim, as its own user message, before the prompt",
-          ["R5.2", "R21.3", "R9.4", "R20.3"], ["scenario", "scenario:A4"])
+          ["R5.2", "L13", "R9.4", "R20.3"], ["scenario", "scenario:A4"])
 def a4() -> Session:
     s = Session("ok")
     s.inject("file changed: a.ts", "plugin:watcher")
@@ -101,7 +103,7 @@ def a4() -> Session:
 @scenario("A5-idle-steer-is-a-prompt",
           "A5. An idle steer is queued (placement queued) and becomes an ordinary prompt turn "
           "whose trigger carries the steer's source; no steering/message",
-          ["R5.3", "R5.4", "R5.6", "R6.2", "R7.9", "R1.16"], ["scenario", "scenario:A5"])
+          ["R5.3", "R5.4", "R5.6", "R6.2", "R7.9", "V13"], ["scenario", "scenario:A5"])
 def a5() -> Session:
     s = Session("ok")
     s.steer("steer idle", "plugin:test")
@@ -116,7 +118,7 @@ def a5() -> Session:
 @scenario("A6-two-idle-steers-two-turns",
           "A6. Two idle steers issued in one synchronous stack are both queued and make two turns "
           "in one running interval; each request contains only its own prompt",
-          ["R6.3", "R5.3", "R6.1", "R12.7", "R4.2", "D1"], ["scenario", "scenario:A6"])
+          ["R6.3", "R5.3", "R6.1", "R12.7", "R4.1", "R4.2", "R7.1", "D1"], ["scenario", "scenario:A6"])
 def a6() -> Session:
     s = Session("first", "second")
     s.steer("S1")
@@ -135,7 +137,7 @@ def a6() -> Session:
 @scenario("A8-quiet-send-parked",
           "A8. A quiet send (next-turn, no wakeup) is announced but parked: no wake, no status; a "
           "later waking followup claims it first, in FIFO order, in the same running interval",
-          ["R5.7", "R5.5", "R6.1", "R7.2", "R12.7"], ["scenario", "scenario:A8"])
+          ["R5.7", "R5.5", "R6.1", "R4.1", "R7.1", "R7.2", "R12.7"], ["scenario", "scenario:A8"])
 def a8() -> Session:
     s = Session("reply", "ok")
     s.send("quiet", {"target": "next-turn", "wakeup": False})
@@ -155,7 +157,7 @@ def a8() -> Session:
 @scenario("A10-sends-keep-their-sources",
           "A10. A followup sent while the first claim's admission is pending is queued without a "
           "wake (the agent is busy) and its turn keeps its own plugin source as trigger",
-          ["R6.1", "R1.16", "R7.9", "R5.6", "R12.7"], ["scenario", "scenario:A10"])
+          ["R6.1", "V13", "R7.9", "R5.6", "R12.7"], ["scenario", "scenario:A10"])
 def a10() -> Session:
     s = Session("one", "two")
     s.hold("prompt-submit")
@@ -174,7 +176,7 @@ def a10() -> Session:
 @scenario("A12-session-start-context",
           "A12. Context injected by an agent/session-start observer is appended before the first "
           "turn and reaches its request with its plugin source",
-          ["R5.2", "R19", "R21.3", "R4.3"], ["scenario", "scenario:A12"])
+          ["R5.2", "R19", "L13", "R4.3"], ["scenario", "scenario:A12"])
 def a12() -> Session:
     s = Session("ok")
     s.on(live("agent/session-start"), lambda o: s.inject("session preamble", "plugin:test"))
@@ -195,7 +197,7 @@ def a12() -> Session:
 @scenario("B1-allow-rewrites-content",
           "B1. An allow decision with replacement content records a prompt with the claimed "
           "message's id and source and the new content; the dequeue reports the original",
-          ["R7.7", "R1.5", "R7.6", "R1.12"], ["scenario", "scenario:B1"])
+          ["R7.7", "V5", "R7.6", "V17"], ["scenario", "scenario:B1"])
 def b1() -> Session:
     s = Session("ok")
     s.handle("prompt-submit", lambda e: ("resolve", {
@@ -214,7 +216,7 @@ def b1() -> Session:
 @scenario("B2-allow-with-contexts",
           "B2. An allow decision with additional contexts records the prompt first, then each "
           "context as its own user message, before the first step",
-          ["R7.7", "R8.3", "R1.12"], ["scenario", "scenario:B2"])
+          ["R7.7", "R8.3", "V17"], ["scenario", "scenario:B2"])
 def b2() -> Session:
     s = Session("ok")
     ctx = s.msg("injected ctx", "plugin:test", id="ctx-1")
@@ -276,7 +278,7 @@ def b4() -> Session:
 @scenario("B7-block-appends-context-between-turns",
           "B7. A blocked admission with only context staged appends that context between turns, "
           "after the window closes; no turn, no flush, no settlement",
-          ["R7.10", "R11.2", "R21.5", "R4.3"], ["scenario", "scenario:B7"])
+          ["R7.10", "R11.2", "R4.3"], ["scenario", "scenario:B7"])
 def b7() -> Session:
     s = Session()
     s.hold("prompt-submit")
@@ -295,7 +297,7 @@ def b7() -> Session:
           "B8. The rejected-admission context append cannot be undone (D7: an observer's failure "
           "is contained by the driver and never reaches the core); a later prompt's request "
           "holds the retained context first",
-          ["R7.10", "D7", "R21.3", "R20.4"],
+          ["R7.10", "D7", "L13", "L11"],
           ["scenario", "scenario:B8", "differs-from-original", "D7"])
 def b8() -> Session:
     s = Session("retried")

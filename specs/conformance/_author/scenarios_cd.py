@@ -41,7 +41,7 @@ def c1() -> Session:
           "C2. Context injected by a tool body waits in the outbox and is appended after the "
           "tool result by the end-of-step drain, in order; it reaches the next request after "
           "the result",
-          ["R5.2", "R10.5", "R11.1", "R9.10", "R27"], ["scenario", "scenario:C2", "tools"])
+          ["R5.2", "R10.5", "R11.1", "R9.10", "R11.2"], ["scenario", "scenario:C2", "tools"])
 def c2() -> Session:
     s = Session(calls(("c1", "noticer"), text="calling"), "done")
 
@@ -84,7 +84,7 @@ def c3() -> Session:
 @scenario("C5-direct-append-in-step-hook",
           "C5. A direct append made from the step extension point lands before step/start and "
           "reaches the same request",
-          ["R9.1", "R9.4", "R2", "R20.2"], ["scenario", "scenario:C5"])
+          ["R9.1", "R9.4", "R0.6", "R20.2", "R20.3"], ["scenario", "scenario:C5"])
 def c5() -> Session:
     s = Session("ok")
 
@@ -105,7 +105,7 @@ def c5() -> Session:
           "C7. Context injected during the request extension point misses the current request: "
           "it is appended by the end-of-step drain (no extra step) and reaches the next turn; "
           "turn 2 logs no request header (same instance, same header)",
-          ["R9.6", "R9.10", "R11.2", "R27", "R4.8"], ["scenario", "scenario:C7"])
+          ["R9.6", "R9.10", "R11.2", "R4.8"], ["scenario", "scenario:C7"])
 def c7() -> Session:
     s = Session("one", "two")
 
@@ -128,7 +128,7 @@ def c7() -> Session:
 @scenario("C8-turn-stopping-steer-loops",
           "C8. Steering sent from the turn-stopping extension point is drained after the last "
           "step/end and runs another step of the same turn, until the handler stops steering",
-          ["R8.5", "R11.2", "R5.3", "R3.4"], ["scenario", "scenario:C8"])
+          ["R8.5", "R11.2", "R5.3", "R3.2"], ["scenario", "scenario:C8"])
 def c8() -> Session:
     s = Session("step 1", "step 2", "step 3")
 
@@ -258,7 +258,7 @@ def d3() -> Session:
 @scenario("D5-aborted-parallel-group-skips-exclusive",
           "D5. A cancel while two parallel bodies run: both bodies settle after the abort and get "
           "the aborted result; the following exclusive call never starts and gets a synthetic pair",
-          ["R10.2", "R10.7", "R10.11", "R10.4"], ["scenario", "scenario:D5", "tools", "cancel"])
+          ["R10.2", "R10.7", "R10.11", "R10.4", "R16.6"], ["scenario", "scenario:D5", "tools", "cancel"])
 def d5() -> Session:
     s = Session(calls(("c1", "p"), ("c2", "p"), ("c3", "x")), tool_modes={"p": PARALLEL})
     s.hold("tool-execute", times=2)
@@ -280,7 +280,7 @@ def d5() -> Session:
           "D8. Disposal while a tool body runs: context staged before is discarded (no "
           "cancel-requested), the body's late success becomes the aborted result, the context "
           "its finalize adds afterwards is still appended; the turn ends disposed, then teardown",
-          ["R17.1", "R17.2", "R10.11", "R16.2", "R19", "D6"],
+          ["R17.1", "R17.2", "R10.11", "R16.2", "R19", "R20.1", "D6"],
           ["scenario", "scenario:D8", "tools", "dispose", "differs-from-original", "D6"])
 def d8() -> Session:
     s = Session(calls(("c1", "t")))

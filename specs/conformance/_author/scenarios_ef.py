@@ -39,7 +39,7 @@ def two_chunks(s: Session) -> None:
           "E1. Cancel notifies before clearing: a prompt queued by an agent/cancel-requested "
           "observer is discarded by the same cancel, reported with the first prompt; the wake "
           "finds nothing; a later cancel with nothing pending emits nothing",
-          ["R16.2", "R16.1", "R6.2", "R19", "P7"], ["scenario", "scenario:E1", "cancel"])
+          ["R16.2", "R16.1", "R6.2", "R19", "R20.1", "P7"], ["scenario", "scenario:E1", "cancel"])
 def e1() -> Session:
     s = Session()
     s.on(live("agent/cancel-requested"), lambda o: s.followup("queued by cancel observer"))
@@ -107,7 +107,7 @@ def e4() -> Session:
 @scenario("E6-prompt-after-same-tick-cancel-runs",
           "E6. A prompt queued after a same-tick cancel still runs: the cancel discards the first "
           "prompt, the pending wake claims the second",
-          ["R16.4", "R6.1", "R6.2", "R16.2"], ["scenario", "scenario:E6", "cancel"])
+          ["R16.4", "R4.6", "R6.1", "R6.2", "R16.2"], ["scenario", "scenario:E6", "cancel"])
 def e6() -> Session:
     s = Session("ok")
     s.followup("first")
@@ -249,7 +249,7 @@ def _e14(dispose: bool) -> Session:
 @scenario("E14a-cancel-from-step-start",
           "E14. A cancel from a step/start observer is noticed right after step/start: no request "
           "header, no request; the step is closed and the turn ends aborted",
-          ["R9.5", "R8.6", "R15.1", "R19"], ["scenario", "scenario:E14", "cancel"])
+          ["R9.5", "R4.5", "R8.6", "R15.1", "R19"], ["scenario", "scenario:E14", "cancel"])
 def e14a() -> Session:
     return _e14(False)
 
@@ -444,7 +444,7 @@ FAILURE = model_failure("model unavailable", "UNAVAILABLE")
           "F1. A raised model failure is a request failure: step/end, the request-error "
           "extension point (default: no retry), one agent/error, turn/end with the failure facts, "
           "flush, settled error",
-          ["R9.7", "R13.1", "R13.2", "R15.2", "R1.17"], ["scenario", "scenario:F1"])
+          ["R9.7", "R13.1", "R13.2", "R15.2", "V19"], ["scenario", "scenario:F1"])
 def f1() -> Session:
     s = Session(FAILURE)
     s.followup("hi")
@@ -471,7 +471,7 @@ def _finish_failure(finish: dict[str, Any]) -> Session:
 @scenario("F2a-error-finish-chunk",
           "F2. An error finish chunk is appended as a chunk; its failure facts become the durable "
           "error reason; no assistant message",
-          ["R9.7", "R13.1", "R15.2", "R1.20"], ["scenario", "scenario:F2"])
+          ["R9.7", "R13.1", "R15.2", "V18"], ["scenario", "scenario:F2"])
 def f2a() -> Session:
     failure = {"message": "provider 401", "code": "AUTH", "status": 401,
                "providerRetryAfterMs": 2000, "requestId": "req-1"}
@@ -538,7 +538,7 @@ def f6() -> Session:
 @scenario("F7a-turn-start-cannot-be-vetoed",
           "F7a. turn/start cannot be vetoed (D7): an observer failure is contained by the driver; "
           "the core runs both turns with turn numbers 1 and 2",
-          ["D7", "R8.2", "R20.4"], ["scenario", "scenario:F7", "differs-from-original", "D7"])
+          ["D7", "R8.2", "L11"], ["scenario", "scenario:F7", "differs-from-original", "D7"])
 def f7a() -> Session:
     s = Session("one", "two")
     s.followup("first")
@@ -555,7 +555,7 @@ def f7a() -> Session:
           "F7b. A direct append of turn/start{turn:2} during turn 1 (from the step extension "
           "point) is refused by the session invariants; nothing is appended, no seq is "
           "consumed, and the turn completes",
-          ["R20.2", "D7", "R2"], ["scenario", "scenario:F7", "differs-from-original", "D7"])
+          ["R20.2", "D7", "R0.6", "L2", "L4"], ["scenario", "scenario:F7", "differs-from-original", "D7"])
 def f7b() -> Session:
     s = Session("one")
 
@@ -575,7 +575,7 @@ def f7b() -> Session:
 @scenario("F8-step-end-cannot-be-vetoed",
           "F8. step/end cannot be vetoed (D7): an observer failure is contained by the driver; "
           "exactly one TS, SS, SE and TE, reason completed",
-          ["D7", "R9.10", "R20.4"], ["scenario", "scenario:F8", "differs-from-original", "D7"])
+          ["D7", "R9.10", "L11"], ["scenario", "scenario:F8", "differs-from-original", "D7"])
 def f8() -> Session:
     s = Session("ok")
     s.followup("go")
@@ -626,7 +626,7 @@ def f9b() -> Session:
 @scenario("F10-max-tokens-single-step",
           "F10. A max-tokens finish keeps the text, runs turn-stopping, and the turn ends "
           "max-tokens while settling completed",
-          ["R14.1", "R14.2", "R14.3", "R1.14"], ["scenario", "scenario:F10"])
+          ["R14.1", "R14.2", "R14.3", "V20"], ["scenario", "scenario:F10"])
 def f10() -> Session:
     s = Session([{"type": "text", "text": "truncat"}, {"type": "finish", "kind": "max-tokens"}])
     s.followup("go")
@@ -640,7 +640,7 @@ def f10() -> Session:
 @scenario("F12a-max-tokens-drops-tool-calls",
           "F12. max-tokens never dispatches truncated tool calls: the assistant message is "
           "appended with empty content and the usage; no tool stage runs",
-          ["R14.1", "R9.8", "R21.2"], ["scenario", "scenario:F12", "tools"])
+          ["R14.1", "R9.8", "L13"], ["scenario", "scenario:F12", "tools"])
 def f12a() -> Session:
     usage = {"outputTokens": 4096}
     s = Session([{"type": "tool-call", "id": "c1", "name": "t", "arguments": "{}"},

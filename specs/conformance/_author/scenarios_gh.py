@@ -29,7 +29,7 @@ def _append(s: Session, type_: str, data: dict[str, Any], *, surface: Any = None
 @scenario("G1a-enclosure-turn-still-open",
           "G1. turn/start while a turn is open is refused ('turn 1 is still open'), and a "
           "turn/end that does not name the open turn is refused; nothing is appended",
-          ["R20.2", "R2"], ["scenario", "scenario:G1", "log"])
+          ["R20.2", "R0.6", "L4", "L2"], ["scenario", "scenario:G1", "log"])
 def g1a() -> Session:
     s = Session()
     s.pump()
@@ -45,7 +45,7 @@ def g1a() -> Session:
 @scenario("G1b-enclosure-turn-numbering",
           "G1. Turn numbers are contiguous: after TS(1) and TE(1), turn/start{turn:3} is refused "
           "('expected turn 2, got 3')",
-          ["R20.2", "R2"], ["scenario", "scenario:G1", "log"])
+          ["R20.2", "L4"], ["scenario", "scenario:G1", "log"])
 def g1b() -> Session:
     s = Session()
     s.pump()
@@ -61,7 +61,7 @@ def g1b() -> Session:
           "G1. Context may sit between turns, execution may not: a user/message and an unknown "
           "extension event are committed on an empty session, a steering/message outside any "
           "turn is refused",
-          ["R20.2", "R21.1", "R2"], ["scenario", "scenario:G1", "log"])
+          ["R20.2", "L9", "L8", "L10"], ["scenario", "scenario:G1", "log"])
 def g1c() -> Session:
     s = Session()
     s.pump()
@@ -79,7 +79,7 @@ def g1c() -> Session:
           "G2. Checks run before commit: an invalid turn/start consumes no seq (the next valid "
           "append takes it); a fresh tool/result with no open step and a replacement tool/result "
           "outside any turn are refused",
-          ["R20.2", "D7"], ["scenario", "scenario:G2", "log", "differs-from-original", "D7"])
+          ["R20.2", "D7", "L2", "L7"], ["scenario", "scenario:G2", "log", "differs-from-original", "D7"])
 def g2a() -> Session:
     s = Session()
     s.pump()
@@ -100,7 +100,7 @@ def g2a() -> Session:
           "G2. Inside an open step an error tool/result with code TOOL_NOT_STARTED needs no "
           "tool/call; a step may end with an unresolved call, and a result in step 2 cannot "
           "answer a call of step 1",
-          ["R20.2", "R2"], ["scenario", "scenario:G2", "log"])
+          ["R20.2", "L5", "L7"], ["scenario", "scenario:G2", "log"])
 def g2b() -> Session:
     s = Session()
     s.pump()
@@ -139,7 +139,7 @@ def _lifecycle_one() -> list[Event]:
           "G6. A resumed instance continues turn numbering from the seeded log and re-anchors "
           "the request header with reason 'resume'; its first request starts with the earlier "
           "history",
-          ["R23.1", "R9.6", "R4.7", "R4.8"], ["scenario", "scenario:G6"])
+          ["R4.7", "R9.6", "R4.8", "P11"], ["scenario", "scenario:G6"])
 def g6() -> Session:
     seed = _lifecycle_one()
     s = Session("two", seed=seed, session_start="resume")
@@ -158,7 +158,7 @@ def g6() -> Session:
           "G8. Publication order on resume: session/created, agent/created (idle), "
           "agent/session-start('resume'); a cancel from the session-start observer does not raise "
           "and, with nothing pending, does nothing",
-          ["R23.2", "R3.1", "R19", "P11"], ["scenario", "scenario:G8"])
+          ["P11", "R3.1", "R19", "R16.1"], ["scenario", "scenario:G8"])
 def g8() -> Session:
     s = Session(seed=_lifecycle_one(), session_start="resume")
     s.on(live("agent/session-start"), lambda o: s.cancel())
@@ -199,7 +199,7 @@ def h6() -> Session:
           "H7. A blocked admission with steering staged keeps the whole outbox; an idle cancel "
           "then reports the steering in the inbox discard and the context in the context discard "
           "(D6); neither is ever appended",
-          ["R7.10", "R16.1", "R16.2", "D6", "R11.3"],
+          ["R7.10", "R16.1", "R16.2", "D6", "R11.3", "R20.1"],
           ["scenario", "scenario:H7", "cancel", "differs-from-original", "D6"])
 def h7a() -> Session:
     s = Session("ok")
@@ -247,7 +247,7 @@ def h7b() -> Session:
           "H9. An invalid message injected by a tool body is refused at the call and nothing is "
           "staged; the body returns normally and the turn continues (the scenario's non-JSON "
           "source is replaced by a source with an empty kind, which JSON can carry)",
-          ["R5.1", "D5", "R1.7"], ["scenario", "scenario:H9", "tools", "differs-from-original", "D5"])
+          ["R5.1", "D5", "V7"], ["scenario", "scenario:H9", "tools", "differs-from-original", "D5"])
 def h9() -> Session:
     s = Session(calls(("c1", "noticer"), text="calling"), "done")
 

@@ -1,0 +1,75 @@
+"""A deliberately wrong port, to see what `turnstile check --port` reports.
+
+    python -m machine.conformance.examples.wrong_port --bug BUG [--deviate TAG]...
+
+Bugs:
+
+* ``idle-steer`` — routes a steer sent while the window is closed as steering: its
+  ``agent/inbox/enqueue`` says ``placement: steering`` instead of ``queued`` (R5.3);
+* ``no-context-discard`` — never reports dropped context (no ``agent/context/discard``):
+  the original implementation's behaviour that D6 changed; declare ``--deviate D6``
+  to have the vectors tagged D6 skipped;
+* ``garbage`` — answers the first pull with a line that is not JSON;
+* ``hang`` — never answers the first pull.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from machine.conformance.examples.minimal_port import Port
+
+BUGS = ("idle-steer", "no-context-discard", "garbage", "hang")
+
+
+class WrongPort(Port):
+    name = "wrong-port"
+
+    def __init__(self, bug: str, deviations: list[str]) -> None:
+        super().__init__()
+        self.bug = bug
+        self.deviations = deviations
+        self.misrouted: set[str] = set()
+        self.pulls = 0
+
+    def input(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+        value = request["input"]
+        if (self.bug == "idle-steer" and value.get("in") == "steer"
+                and not self.core.accepts_next_step and isinstance(value.get("message"), dict)):
+            self.misrouted.add(str(value["message"].get("id")))
+        return super().input(request)
+
+    def pull(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+        self.pulls += 1
+        if self.bug == "hang" and self.pulls == 1:
+            time.sleep(3600)
+        kept: list[dict[str, Any]] = []
+        for reply in super().pull(request):
+            output = reply.get("output", {})
+            if (self.bug == "idle-steer" and output.get("type") == "agent/inbox/enqueue"
+                    and str(output["message"].get("id")) in self.misrouted):
+                self.misrouted.discard(str(output["message"].get("id")))
+                output["placement"] = "steering"
+            if self.bug == "no-context-discard" and output.get("type") == "agent/context/discard":
+                continue
+            kept.append(reply)
+        return kept
+
+    def encode(self, reply: dict[str, Any]) -> str:
+        if self.bug == "garbage" and reply.get("op") in ("output", "waiting"):
+            return "this is not JSON"
+        return super().encode(reply)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="A deliberately wrong conformance port.")
+    parser.add_argument("--bug", required=True, choices=BUGS)
+    parser.add_argument("--deviate", action="append", default=[], metavar="TAG")
+    args = parser.parse_args()
+    WrongPort(args.bug, args.deviate).serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,390 @@
+"""Verify a recorded trace of another implementation against this one: ``turnstile verify-trace``.
+
+A trace is JSON lines (specs/conformance/PROTOCOL.md §Traces). A header line
+``{"trace": 1, "config": {...}, "seed"?: [...]}`` starts a session; the lines
+after it are steps exactly as in a vector: the inputs the other
+implementation was given, ``{"in": ...}`` (with ``"raises"`` when it refused
+one), interleaved with the outputs it produced, ``{"out": ...}``, and
+optionally ``{"out": "none"}`` where it had nothing to give. Another header
+starts another session.
+
+`verify_trace` replays each input into a fresh `AgentCore` and compares every
+observed output with the one this implementation produces at the same
+point, stopping at the first divergence. It is built for long traces: one
+``json.loads`` per line, inputs applied directly, outputs compared as JSON
+values (strictly, see `jsoncmp`), implementation-worded fields relaxed only
+when a strict comparison fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, TextIO
+
+from machine.conformance import jsoncmp
+from machine.conformance.jsoncmp import same_frozen
+from machine.conformance.subjects import fake_clock, raise_kind
+from machine.conformance.vectors import (
+    COMPLETIONS,
+    INPUT_FIELDS,
+    RAISE_KINDS,
+    MalformedError,
+    Vector,
+    check_step,
+    config_from_json,
+    seed_events,
+)
+from machine.conformance.wording import loose_fields
+from machine.core import AgentCore
+from machine.errors import TurnstileError, ValidationError
+from machine.io import Durable, Effect, Live, input_from_json
+from machine.jsonvalue import Frozen, FrozenDict
+from machine.log import SessionLog
+
+__all__ = ["TRACE_VERSION", "TraceDivergence", "TraceReport", "trace_lines", "verify_trace"]
+
+TRACE_VERSION: Final = 1
+CONTEXT_LINES: Final = 6
+#: The progress display is refreshed at most this often (seconds), checked every 4096 lines.
+PROGRESS_INTERVAL = 0.2
+_ALLOWED_INPUT_KEYS: Final = {kind: required | optional | {"in", "raises", "note"}
+                              for kind, (required, optional) in INPUT_FIELDS.items()}
+_REQUIRED_INPUT_KEYS: Final = {kind: required for kind, (required, _) in INPUT_FIELDS.items()}
+_OUT_KINDS: Final = frozenset({"event", "live", "effect", "abort", "release", "none"})
+
+
+@dataclass(frozen=True, slots=True)
+class TraceDivergence:
+    line: int
+    session_line: int
+    context: tuple[tuple[int, str], ...]
+    observed: str
+    expected: str
+    difference: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TraceReport:
+    path: str
+    lines: int
+    sessions: int
+    inputs: int
+    outputs: int
+    seconds: float
+    divergence: TraceDivergence | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence is None
+
+    def format(self) -> list[str]:
+        if self.divergence is None:
+            return [f"{self.path}: OK ({self.lines} lines, {self.sessions} session"
+                    f"{'' if self.sessions == 1 else 's'}, {self.inputs} inputs, {self.outputs} "
+                    f"outputs)"]
+        d = self.divergence
+        lines = [f"{self.path}:{d.line}: DIVERGES from turnstile (session starting at line "
+                 f"{d.session_line})"]
+        if d.context:
+            lines.append("  context:")
+            lines.extend(f"    {n}: {text}" for n, text in d.context)
+        lines.append(f"  observed (trace): {d.observed}")
+        lines.append(f"  expected (turnstile): {d.expected}")
+        if d.difference:
+            lines.append(f"  difference {d.difference}")
+        return lines
+
+
+class _Progress:
+    """A one-line progress display on a terminal (bytes read of the file size)."""
+
+    def __init__(self, stream: TextIO, path: str, size: int) -> None:
+        self.stream = stream
+        self.path = path
+        self.size = max(size, 1)
+        self.start = time.perf_counter()
+        self.last = self.start
+        self.shown = False
+
+    def update(self, lines: int, done_bytes: int) -> None:
+        now = time.perf_counter()
+        if now - self.last < PROGRESS_INTERVAL:
+            return
+        self.last = now
+        rate = lines / max(now - self.start, 1e-9)
+        self.stream.write(f"\r{self.path}: {lines:,} lines ({100 * done_bytes / self.size:3.0f}%),"
+                          f" {rate:,.0f} lines/s ")
+        self.stream.flush()
+        self.shown = True
+
+    def finish(self) -> None:
+        if self.shown:
+            self.stream.write("\r" + " " * 78 + "\r")
+            self.stream.flush()
+
+
+def _session_core(header: dict[str, Any], path: str, lineno: int) -> AgentCore:
+    extra = set(header) - {"trace", "config", "seed", "implementation", "vector", "note"}
+    if extra:
+        raise MalformedError(path, lineno, f"/{sorted(extra)[0]}", "unknown field in a trace header")
+    if header.get("trace") != TRACE_VERSION or type(header.get("trace")) is not int:
+        raise MalformedError(path, lineno, "/trace", f"must be {TRACE_VERSION}")
+    config = header.get("config", {})
+    if not isinstance(config, dict):
+        raise MalformedError(path, lineno, "/config", "must be an object (rule P11)")
+    seed = header.get("seed", [])
+    if not isinstance(seed, list) or not all(isinstance(e, dict) for e in seed):
+        raise MalformedError(path, lineno, "/seed", "must be an array of session events")
+    try:
+        core_config = config_from_json(config)
+    except ValidationError as error:
+        raise MalformedError(path, lineno, "/config/" + error.path.replace(".", "/"),
+                             error.problem) from None
+    try:
+        log = SessionLog(seed_events(seed), clock=fake_clock)
+    except TurnstileError as error:
+        raise MalformedError(path, lineno, "/seed", str(error)) from None
+    return AgentCore(core_config, log=log)
+
+
+def _malformed_step(path: str, lineno: int, value: Any) -> MalformedError:
+    try:
+        check_step(value)
+    except ValueError as problem:
+        field, _, text = str(problem).partition(": ")
+        return MalformedError(path, lineno, field, text)
+    return MalformedError(path, lineno, "", "not a trace step")  # pragma: no cover
+
+
+def verify_trace(path: str | Path, *, progress: TextIO | None = None) -> TraceReport:
+    """Check a trace file; raises MalformedError (file, line, field) for a malformed one."""
+    name = str(path)
+    try:
+        size = os.path.getsize(path)
+        handle = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        raise MalformedError(name, None, "", "no such file") from None
+    except IsADirectoryError:
+        raise MalformedError(name, None, "", "is a directory, not a trace") from None
+    except OSError as error:
+        raise MalformedError(name, None, "", f"cannot read: {error.strerror or error}") from None
+    meter = _Progress(progress, name, size) if progress is not None else None
+    try:
+        with handle:
+            return _verify(name, handle, meter)
+    except UnicodeDecodeError as error:
+        raise MalformedError(name, None, "", f"not UTF-8 text ({error.reason})") from None
+    finally:
+        if meter is not None:
+            meter.finish()
+
+
+def _verify(name: str, handle: TextIO, meter: _Progress | None) -> TraceReport:
+    started = time.perf_counter()
+    loads = json.loads
+    recent: deque[tuple[int, str]] = deque(maxlen=CONTEXT_LINES)
+    core: AgentCore | None = None
+    session_line = 0
+    sessions = inputs = outputs = 0
+    lineno = 0
+    done_bytes = 0
+    next_output: Callable[[], Any] | None = None
+
+    def report(divergence: TraceDivergence | None) -> TraceReport:
+        return TraceReport(name, lineno, sessions, inputs, outputs,
+                           time.perf_counter() - started, divergence)
+
+    def diverge(observed: str, expected: str, difference: str | None) -> TraceReport:
+        return report(TraceDivergence(lineno, session_line, tuple(recent), observed, expected,
+                                      difference))
+
+    for line in handle:
+        lineno += 1
+        if meter is not None:
+            done_bytes += len(line)
+            if not lineno & 0xFFF:
+                meter.update(lineno, done_bytes)
+        if not line.strip():
+            continue
+        try:
+            step = loads(line)
+        except json.JSONDecodeError:
+            raise MalformedError(name, lineno, "", _json_problem(line)) from None
+        except RecursionError:
+            raise MalformedError(name, lineno, "", "invalid JSON: nested too deeply") from None
+        if type(step) is not dict:
+            raise MalformedError(name, lineno, "", "a trace line must be a JSON object")
+        out = step.get("out")
+        if out is not None:
+            if core is None or next_output is None:
+                raise MalformedError(name, lineno, "", 'an output before the first {"trace": 1, '
+                                                       '...} header')
+            if out not in _OUT_KINDS:
+                raise _malformed_step(name, lineno, step)
+            outputs += 1
+            try:
+                output = next_output()
+            except Exception as crash:  # a bug in turnstile, shown at the line that triggers it
+                return diverge(jsoncmp.render(step, 400), _crash(crash), None)
+            if out == "none":
+                if output is not None:
+                    return diverge('{"out":"none"} (no output now)',
+                                   jsoncmp.render(_json(output), 10_000), None)
+            else:
+                step.pop("note", None)
+                step.pop("loose", None)
+                if out == "event":
+                    step.pop("time", None)
+                if output is None:
+                    return diverge(jsoncmp.render(step, 10_000),
+                                   "no output now (turnstile waits for an input)", None)
+                if not _same_output(output, step):
+                    expected = _json(output)
+                    difference = jsoncmp.first_difference(expected, step, loose_fields(expected))
+                    if difference is not None:
+                        try:
+                            check_step(step)
+                        except ValueError:
+                            raise _malformed_step(name, lineno, step) from None
+                        return diverge(jsoncmp.render(step, 10_000),
+                                       jsoncmp.render(expected, 10_000), str(difference))
+        elif "in" in step:
+            if core is None:
+                raise MalformedError(name, lineno, "", 'an input before the first {"trace": 1, '
+                                                       '...} header')
+            kind = step["in"]
+            allowed = _ALLOWED_INPUT_KEYS.get(kind) if type(kind) is str else None
+            if allowed is None or not step.keys() <= allowed or \
+                    not _REQUIRED_INPUT_KEYS[kind] <= step.keys():
+                raise _malformed_step(name, lineno, step)
+            raises = step.pop("raises", None)
+            step.pop("note", None)
+            if raises is not None and raises not in RAISE_KINDS:
+                raise MalformedError(name, lineno, "/raises", f"must be one of {', '.join(RAISE_KINDS)}")
+            completion = kind in COMPLETIONS
+            if completion and (type(step["effect"]) is not int or step["effect"] < 0):
+                raise MalformedError(name, lineno, "/effect", "must be a non-negative integer effect id")
+            inputs += 1
+            refused: str | None = None
+            detail = ""
+            try:
+                if kind == "chunk":
+                    core.chunk(step["effect"], step["chunk"])
+                elif kind == "end":
+                    core.end(step["effect"])
+                elif kind == "resolve":
+                    core.resolve(step["effect"], step.get("value"))
+                else:
+                    core.feed(input_from_json(step))
+            except TurnstileError as error:
+                refused = raise_kind(error, completion=completion)
+                if refused is None:  # pragma: no cover - every core error has a kind
+                    return diverge(jsoncmp.render(step, 400), _crash(error), None)
+                detail = f": {error}"
+            except Exception as crash:  # a bug in turnstile, shown at the line that triggers it
+                return diverge(jsoncmp.render(step, 400), _crash(crash), None)
+            if refused != raises:
+                observed = "accepted" if raises is None else f"refused with a {raises} error"
+                expected_text = "accepted" if refused is None else \
+                    f"refused with a {refused} error{detail}"
+                return diverge(f"{jsoncmp.render(step, 400)} {observed}", expected_text, None)
+        elif "trace" in step:
+            core = _session_core(step, name, lineno)
+            next_output = core.next_output
+            session_line = lineno
+            sessions += 1
+            recent.clear()
+        else:
+            raise MalformedError(name, lineno, "", 'a trace line is a header {"trace": 1, ...}, an '
+                                                   'input {"in": ...} or an output {"out": ...}')
+        recent.append((lineno, line.rstrip("\n")[:200]))
+    if sessions == 0:
+        raise MalformedError(name, None, "", 'no {"trace": 1, ...} header: not a trace')
+    return report(None)
+
+
+def _same_fields(payload: FrozenDict, step: dict[str, Any]) -> bool:
+    """Every field of *payload* has the same value in *step* (which has no other fields left)."""
+    data: dict[str, Frozen] = payload._data  # the plain dict inside: no Mapping-ABC overhead
+    missing = _MISSING
+    for key, value in data.items():
+        other = step.get(key, missing)
+        if other is missing or not same_frozen(value, other):
+            return False
+    return True
+
+
+def _same_output(output: Any, step: dict[str, Any]) -> bool:
+    """`same(output JSON, step)` without building the output's JSON (the fast path)."""
+    kind = type(output)
+    if kind is Durable:
+        event = output.event
+        size = 4 + (event.surface_op is not None) + (event.source_event_seqs is not None)
+        seq = step.get("seq")
+        if (len(step) != size or step["out"] != "event" or step.get("type") != event.type
+                or type(seq) is not int or seq != event.seq
+                or not same_frozen(event.data, step.get("data"))):
+            return False
+        if event.surface_op is not None and not same_frozen(event.surface_op,
+                                                            step.get("surfaceOp", _MISSING)):
+            return False
+        return event.source_event_seqs is None or same_frozen(
+            event.source_event_seqs, step.get("sourceEventSeqs", _MISSING))
+    if kind is Live:
+        event = output.event
+        return (step["out"] == "live" and step.get("type") == event.type
+                and len(step) == 2 + len(event.payload) and _same_fields(event.payload, step))
+    if kind is Effect:
+        effect_id = step.get("effect")
+        return (step["out"] == "effect" and type(effect_id) is int and effect_id == output.id
+                and step.get("kind") == output.kind and len(step) == 3 + len(output.payload)
+                and _same_fields(output.payload, step))
+    return (step["out"] == output.kind and len(step) == 1 + len(output.payload)
+            and _same_fields(output.payload, step))
+
+
+_MISSING: Final = object()
+
+
+def _crash(error: BaseException) -> str:
+    return f"turnstile raised {type(error).__name__}: {error} (a bug in turnstile; please report)"
+
+
+def _json_problem(line: str) -> str:
+    """The JSON error of one line, its column counted on the line without its newline."""
+    try:
+        json.loads(line.rstrip("\r\n"))
+    except json.JSONDecodeError as error:
+        return f"invalid JSON: {error.msg} (column {error.colno})"
+    return "invalid JSON"  # pragma: no cover - only called for a line that failed
+
+
+def _json(output: Any) -> dict[str, Any]:
+    result: dict[str, Any] = output.to_json(with_time=False) if isinstance(output, Durable) \
+        else output.to_json()
+    return result
+
+
+def trace_lines(vector: Vector, *, implementation: str | None = None) -> Iterator[str]:
+    """A vector as a trace: its header line, then one line per step."""
+    header: dict[str, Any] = {"trace": TRACE_VERSION, "config": vector.config}
+    if vector.seed:
+        header["seed"] = list(vector.seed)
+    header["vector"] = vector.id
+    if implementation:
+        header["implementation"] = implementation
+    yield json.dumps(header, ensure_ascii=False, separators=(",", ":"))
+    for step in vector.steps:
+        yield json.dumps(step.to_json(), ensure_ascii=False, separators=(",", ":"))
+
+
+def default_progress() -> TextIO | None:
+    """Standard error when it is a terminal (the progress display is for people)."""
+    return sys.stderr if sys.stderr.isatty() else None

@@ -1,0 +1,158 @@
+"""`turnstile check --port` and `turnstile adapter`: the adapter protocol end to end.
+
+The tests that start port processes are few; the adapter's request handling is
+also tested in process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from machine.conformance import cli
+from machine.conformance.adapter import Adapter, serve
+from machine.conformance.vectors import find_vectors, load_vector
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "specs" / "conformance" / "vectors"
+A1 = "specs/conformance/vectors/A1-simple-prompt-turn.json"
+A5 = "specs/conformance/vectors/A5-idle-steer-is-a-prompt.json"
+H7B = "specs/conformance/vectors/H7b-idle-cancel-context-only.json"
+
+
+def command(*argv: str) -> str:
+    return shlex.join([sys.executable, *argv])
+
+
+def wrong_port(*argv: str) -> str:
+    return command("-m", "machine.conformance.examples.wrong_port", *argv)
+
+
+@pytest.fixture(autouse=True)
+def _in_the_repository(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)   # the reports name vectors by the paths given
+
+
+def run_check(paths: list[str], port: str, *, timeout: float = 20.0) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    args = argparse.Namespace(paths=paths, port=port, timeout=timeout, verbose=False)
+    status = cli.check(args, out, err)
+    return status, out.getvalue(), err.getvalue()
+
+
+def test_turnstile_adapter_passes_the_whole_corpus_through_the_protocol() -> None:
+    status, out, err = run_check([], command("-m", "machine.cli", "adapter"))
+    count = len(list(find_vectors([CORPUS])))
+    assert (status, out, err) == (0, f"{count} passed, 0 failed\n", "")
+
+
+def test_a_port_that_routes_an_idle_steer_as_steering_gets_the_precise_report() -> None:
+    status, out, err = run_check([A5, A1], wrong_port("--bug", "idle-steer"))
+    message = ('{"id":"m1","role":"user","content":[{"type":"text","text":"steer idle"}],'
+               '"source":{"kind":"plugin","plugin":"test"}}')
+    assert (status, err) == (1, "")
+    assert out == f"""\
+FAIL A5-idle-steer-is-a-prompt ({A5})
+  title: A5. An idle steer is queued (placement queued) and becomes an ordinary prompt turn \
+whose trigger carries the steer's source; no steering/message
+  rules: R5.3, R5.4, R5.6, R6.2, R7.9, V13
+  first divergence at step 6 (line 14), an output step
+  inputs up to that point:
+    step 1 (line 9): {{"in":"steer","message":{message}}}
+  last matching output, step 5 (line 13): {{"out":"effect","effect":0,"kind":"tick","purpose":"wake"}}
+  expected: {{"out":"live","type":"agent/inbox/enqueue","message":{message},"placement":"queued"}}
+  actual:   {{"out":"live","type":"agent/inbox/enqueue","message":{message},"placement":"steering"}}
+  difference at /placement: expected "queued", got "steering"
+
+1 passed, 1 failed
+"""
+
+
+def test_declared_deviations_skip_the_tagged_vectors() -> None:
+    tagged = [v for v in map(load_vector, find_vectors([CORPUS])) if "D6" in v.tags]
+    paths = [v.path for v in tagged] + [A1]
+    status, out, _ = run_check(paths, wrong_port("--bug", "no-context-discard", "--deviate", "D6"))
+    assert (status, out) == (0, f"1 passed, 0 failed, {len(tagged)} skipped\n")
+    status, out, _ = run_check([H7B], wrong_port("--bug", "no-context-discard"))
+    assert status == 1
+    assert out.splitlines()[-4:] == [
+        '  expected: {"out":"live","type":"agent/context/discard","messages":[{"id":"m2",'
+        '"role":"user","content":[{"type":"text","text":"C"}],"source":{"kind":"plugin",'
+        '"plugin":"test"}}]}',
+        "  actual:   no output (the implementation waits for an input)",
+        "",
+        "0 passed, 1 failed"]
+
+
+def test_a_reply_that_is_not_json_is_a_port_failure_with_its_line() -> None:
+    status, out, err = run_check([A1], wrong_port("--bug", "garbage"))
+    assert status == 4 and err == ""
+    assert ("  port failure at step 2 (line 10): port reply line 4 (in reply to "
+            '{"op":"pull","max":6}): not JSON (Expecting value: line 1 column 1 (char 0)): '
+            "'this is not JSON'") in out.splitlines()
+    assert out.endswith("0 passed, 1 failed\n") and "Traceback" not in out
+
+
+def test_a_silent_port_times_out_and_is_restarted() -> None:
+    status, out, _ = run_check([A1, A5], wrong_port("--bug", "hang"), timeout=0.3)
+    assert status == 4
+    assert out.count('no reply within 0.3s in reply to {"op":"pull","max":6}') == 2
+    assert out.endswith("0 passed, 2 failed\n")
+
+
+def test_ports_that_cannot_start_or_shake_hands_are_reported() -> None:
+    status, out, err = run_check([A1], "/no/such/port --flag")
+    assert (status, out) == (4, "")
+    assert err == ("turnstile check: port '/no/such/port --flag': cannot start the port "
+                   "'/no/such/port --flag': No such file or directory\n")
+    speaks_two = command("-c", "import json, sys; sys.stdin.readline(); "
+                         "print(json.dumps({'op': 'hello', 'protocol': 2}), flush=True)")
+    status, out, err = run_check([A1], speaks_two)
+    assert (status, out) == (4, "")
+    assert err.endswith("port reply line 1 (in reply to {\"op\":\"hello\",\"protocol\":1}): field "
+                        "/protocol: the port speaks protocol 2; this checker speaks 1\n")
+
+
+# --------------------------------------------------------------------------
+# The adapter in process
+# --------------------------------------------------------------------------
+
+
+def test_the_adapter_answers_each_request() -> None:
+    adapter = Adapter(deviations=["D6"])
+    assert adapter.handle({"op": "hello", "protocol": 1}) == [{
+        "op": "hello", "protocol": 1, "implementation": "turnstile",
+        "capabilities": ["seed", "append"], "deviations": ["D6"]}]
+    assert adapter.handle({"op": "pull"}) == [{"op": "error", "message": "pull before start"}]
+    assert adapter.handle({"op": "start", "config": {"maxParallelToolCalls": 0}})[0]["op"] == "error"
+    assert adapter.handle({"op": "start", "vector": "v", "config": {}}) == [{"op": "started"}]
+    assert adapter.handle({"op": "pull", "max": 2}) == [
+        {"op": "output", "output": {"out": "live", "type": "session/created"}},
+        {"op": "output", "output": {"out": "live", "type": "agent/created", "status": "idle"}}]
+    assert adapter.handle({"op": "pull", "max": 5}) == [
+        {"op": "output", "output": {"out": "live", "type": "agent/session-start",
+                                    "source": "startup"}},
+        {"op": "waiting"}]
+    refused = adapter.handle({"op": "input", "input": {"in": "resolve", "effect": 7}})
+    assert refused == [{"op": "refused", "kind": "protocol",
+                        "message": "effect 7 was never requested"}]
+    assert adapter.handle({"op": "input", "input": {"in": "dispose"}}) == [{"op": "accepted"}]
+    assert adapter.handle({"op": "input", "input": {"in": "yell"}})[0]["op"] == "error"
+    assert adapter.handle({"op": "jump"}) == [{"op": "error", "message": "unknown op 'jump'"}]
+    assert adapter.handle([1]) == [{"op": "error",
+                                    "message": "a request is an object with a string 'op'"}]
+
+
+def test_serve_reads_lines_until_bye() -> None:
+    out = io.StringIO()
+    lines = ['{"op":"hello","protocol":1}\n', "not json\n", "\n", '{"op":"bye"}\n',
+             '{"op":"hello"}\n']
+    assert serve(lines, out) == 0
+    replies = out.getvalue().splitlines()
+    assert len(replies) == 3 and replies[1].startswith('{"op":"error","message":"not JSON')
+    assert replies[2] == '{"op":"bye"}'

@@ -1,0 +1,151 @@
+"""`turnstile verify-trace`: traces of another implementation checked step by step."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from machine.conformance import cli, trace
+from machine.conformance.trace import trace_lines, verify_trace
+from machine.conformance.vectors import MalformedError, find_vectors, load_vector
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "specs" / "conformance" / "vectors"
+A5 = load_vector(CORPUS / "A5-idle-steer-is-a-prompt.json")
+G6 = load_vector(CORPUS / "G6-resume-continues-numbering.json")
+
+
+def write(path: Path, lines: list[str]) -> str:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return str(path)
+
+
+def test_every_vector_as_a_trace_verifies(tmp_path: Path) -> None:
+    lines: list[str] = []
+    vectors = [load_vector(p) for p in find_vectors([CORPUS])]
+    for vector in vectors:
+        lines.extend(trace_lines(vector, implementation="turnstile"))
+    report = verify_trace(write(tmp_path / "all.jsonl", lines))
+    assert report.ok and report.sessions == len(vectors) and report.lines == len(lines)
+    assert report.inputs + report.outputs + report.sessions == len(lines)
+
+
+def test_a_divergence_is_reported_with_its_line_and_context(tmp_path: Path) -> None:
+    lines = [line.replace('"placement":"queued"', '"placement":"steering"', 1) if i == 6 else line
+             for i, line in enumerate(trace_lines(G6))]
+    lines[0:0] = list(trace_lines(A5))          # a first session that agrees
+    path = write(tmp_path / "t.jsonl", lines)
+    report = verify_trace(path)
+    divergence = report.divergence
+    assert divergence is not None
+    first = len(list(trace_lines(A5)))
+    assert (divergence.line, divergence.session_line) == (first + 7, first + 1)
+    assert [n for n, _ in divergence.context] == list(range(first + 1, first + 7))
+    text = report.format()
+    assert text[0] == f"{path}:{first + 7}: DIVERGES from turnstile (session starting at line " \
+                      f"{first + 1})"
+    assert text[-1] == 'difference at /placement: expected "queued", got "steering"'.join(
+        ["  ", ""])
+    assert text[-3].startswith("  observed (trace): ") and '"steering"' in text[-3]
+    assert text[-2].startswith("  expected (turnstile): ") and '"queued"' in text[-2]
+
+
+def test_refused_inputs_missing_outputs_and_extra_outputs(tmp_path: Path) -> None:
+    header = json.dumps({"trace": 1, "config": {}})
+    base = [header, '{"in":"dispose"}', '{"out":"live","type":"session/created"}']
+    refused = [*base, '{"in":"steer","message":{"id":"","role":"user","content":[],'
+               '"source":{"kind":"user"}},"raises":"disposed"}']
+    report = verify_trace(write(tmp_path / "a.jsonl", refused))
+    assert report.divergence is not None      # not torn down yet: the empty id is the problem
+    assert report.divergence.expected == ("refused with a validation error: message.id: must be "
+                                          "a non-empty string")
+    assert report.divergence.observed.endswith(" refused with a disposed error")
+    premature = [*base, '{"out":"none"}']
+    report = verify_trace(write(tmp_path / "b.jsonl", premature))
+    assert report.divergence is not None and report.divergence.line == 4
+    assert report.divergence.expected == '{"out":"live","type":"agent/created","status":"idle"}'
+    ok = [*base, '{"out":"live","type":"agent/created","status":"idle"}',
+          '{"out":"live","type":"agent/session-start","source":"startup"}',
+          '{"out":"live","type":"agent/disposed"}', '{"out":"live","type":"session/disposed"}',
+          '{"out":"none"}', '{"in":"followup","message":{"id":"m","role":"user","content":[],'
+          '"source":{"kind":"user"}},"raises":"disposed"}']
+    assert verify_trace(write(tmp_path / "c.jsonl", ok)).ok
+    extra = [*ok, '{"out":"live","type":"agent/disposed","time":5}']
+    report = verify_trace(write(tmp_path / "d.jsonl", extra))
+    assert report.divergence is not None
+    assert report.divergence.expected == "no output now (turnstile waits for an input)"
+
+
+def test_durable_time_and_notes_are_ignored_but_bools_are_not_numbers(tmp_path: Path) -> None:
+    lines = list(trace_lines(load_vector(CORPUS / "A1-simple-prompt-turn.json")))
+    event = next(i for i, line in enumerate(lines) if '"out":"event"' in line)
+    value = json.loads(lines[event])
+    lines[event] = json.dumps({**value, "time": 1234.5, "note": "observed"})
+    assert verify_trace(write(tmp_path / "ok.jsonl", lines)).ok
+    settled = next(i for i, line in enumerate(lines) if "agent/settled" in line)
+    lines[settled] = lines[settled].replace('"turn":1', '"turn":true')
+    report = verify_trace(write(tmp_path / "bad.jsonl", lines))
+    assert report.divergence is not None and report.divergence.line == settled + 1
+    assert report.divergence.difference == "at /turn: expected 1, got true"
+    lines[event] = json.dumps({**value, "seq": True})
+    with pytest.raises(MalformedError, match=r"bad.jsonl:\d+: /seq: must be a non-negative"):
+        verify_trace(write(tmp_path / "bad.jsonl", lines))
+
+
+MALFORMED = [
+    (["not json"], "t.jsonl:1: invalid JSON: Expecting value (column 1)"),
+    (['{"in":"dispose"}'], 't.jsonl:1: an input before the first {"trace": 1, ...} header'),
+    (['{"trace":2}'], "t.jsonl:1: /trace: must be 1"),
+    (['{"trace":1,"config":{"toolModes":{"x":"often"}}}'],
+     "t.jsonl:1: /config/toolModes/x: must map a tool name to 'exclusive' or 'parallel'"),
+    (['{"trace":1}', '{"in":"resolve","effect":"0"}'],
+     "t.jsonl:2: /effect: must be a non-negative integer effect id"),
+    (['{"trace":1}', '{"out":"event","type":"x","data":{}}'], "t.jsonl:2: /seq: is missing"),
+    (['{"trace":1}', '{"out":"maybe"}'], "t.jsonl:2: /out: unknown output \"maybe\"; expected one "
+     "of ['event', 'live', 'effect', 'abort', 'release', 'none']"),
+    (['{"trace":1}', "[1, 2]"], "t.jsonl:2: a trace line must be a JSON object"),
+    ([], 't.jsonl: no {"trace": 1, ...} header: not a trace'),
+]
+
+
+@pytest.mark.parametrize(("lines", "message"), MALFORMED, ids=[m for _, m in MALFORMED])
+def test_malformed_traces_name_line_and_field(tmp_path: Path, lines: list[str], message: str
+                                              ) -> None:
+    path = write(tmp_path / "t.jsonl", lines)
+    with pytest.raises(MalformedError) as caught:
+        verify_trace(path)
+    assert str(caught.value) == str(tmp_path / message)
+
+
+def test_the_command_line(tmp_path: Path) -> None:
+    good = write(tmp_path / "good.jsonl", list(trace_lines(A5)))
+    bad = write(tmp_path / "bad.jsonl", ['{"trace":1}', "{"])
+    missing = str(tmp_path / "missing.jsonl")
+
+    def run(*paths: str, progress: bool | None = False) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        status = cli.verify(argparse.Namespace(traces=list(paths), progress=progress), out, err)
+        return status, out.getvalue(), err.getvalue()
+    status, out, err = run(good)
+    assert (status, err) == (0, "") and out == f"{good}: OK (46 lines, 1 session, 11 inputs, " \
+                                               "34 outputs)\n"
+    status, out, err = run(good, bad, missing)
+    assert status == 3
+    assert err == (f"turnstile verify-trace: malformed trace: {bad}:2: invalid JSON: Expecting "
+                   f"property name enclosed in double quotes (column 2)\n"
+                   f"turnstile verify-trace: {missing}: no such file\n")
+
+
+def test_progress_is_shown_on_long_traces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lines = list(trace_lines(A5))
+    path = write(tmp_path / "long.jsonl", lines + [line for _ in range(120) for line in lines])
+    monkeypatch.setattr(trace, "PROGRESS_INTERVAL", 0.0)
+    stream = io.StringIO()
+    assert verify_trace(path, progress=stream).ok
+    shown = stream.getvalue()
+    assert f"\r{path}: 4,096 lines (" in shown and "lines/s" in shown
+    assert shown.endswith("\r" + " " * 78 + "\r")

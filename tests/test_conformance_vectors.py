@@ -1,0 +1,223 @@
+"""The conformance corpus (specs/conformance/vectors): schema, loader, coverage, and a green run here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from machine.conformance.checker import run_all
+from machine.conformance.coverage import covered_by, rule_ids
+from machine.conformance.subjects import LocalSubject
+from machine.conformance.vectors import (
+    MalformedError,
+    Vector,
+    dump_vector,
+    find_vectors,
+    load_vector,
+    parse_vector,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = ROOT / "specs"
+CORPUS = SPECS / "conformance" / "vectors"
+SCHEMA = json.loads((SPECS / "conformance" / "vector.schema.json").read_text(encoding="utf-8"))
+AUTHOR = SPECS / "conformance" / "_author"
+
+#: Rules no vector can reach: they concern persistence, not the sans-I/O core.
+EXEMPT = {"D8": "storage damage on load (specs/persistence.md); the core has no storage"}
+
+#: scenarios.md scenarios of the core; G4 (fork) and G7 (loading a live session) are
+#: persistence-only.
+SCENARIOS = [
+    "A1", "A2", "A3", "A4", "A5", "A6", "A8", "A10", "A12",
+    "B1", "B2", "B3", "B4", "B7", "B8", "B9", "B10", "B11",
+    "C1", "C2", "C3", "C5", "C7", "C8", "C10", "C13",
+    "D1", "D2", "D3", "D5", "D8",
+    "E1", "E2", "E3", "E4", "E6", "E7", "E9", "E10", "E11", "E12", "E14", "E16", "E18", "E19", "E21",
+    "F1", "F2", "F5", "F6", "F7", "F8", "F9", "F10", "F12",
+    "G1", "G2", "G6", "G8", "H6", "H7", "H9",
+]
+
+VECTOR_FILES = sorted(find_vectors([CORPUS]))
+
+
+@pytest.fixture(scope="module")
+def corpus() -> list[Vector]:
+    return [load_vector(path) for path in VECTOR_FILES]
+
+
+def test_the_corpus_is_substantial() -> None:
+    assert len(VECTOR_FILES) >= 200
+
+
+def test_every_vector_validates_against_the_schema() -> None:
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    problems = []
+    for path in VECTOR_FILES:
+        for error in validator.iter_errors(json.loads(path.read_text(encoding="utf-8"))):
+            problems.append(f"{path.name}: {error.json_path}: {error.message[:120]}")
+    assert problems == []
+
+
+def test_every_vector_loads_and_is_written_canonically(corpus: list[Vector]) -> None:
+    for vector, path in zip(corpus, VECTOR_FILES, strict=True):
+        assert vector.id == path.stem
+        assert dump_vector(vector) == path.read_text(encoding="utf-8"), path.name
+        assert all(vector.line(i) > 0 for i in range(len(vector.steps)))
+
+
+def test_every_vector_passes_here(corpus: list[Vector]) -> None:
+    outcomes = run_all(corpus, LocalSubject)
+    failed = [o.vector.id for o in outcomes if o.status != "passed"]
+    assert failed == []
+
+
+def test_titles_rules_and_tags_are_hand_written(corpus: list[Vector]) -> None:
+    for vector in corpus:
+        assert len(vector.title) >= 30, vector.id
+        assert vector.rules, vector.id
+        assert {"scenario", "matrix", "rule"} & set(vector.tags), vector.id
+        differs = [t for t in vector.tags if re.fullmatch(r"D[1-8]", t)]
+        if differs:
+            assert "differs-from-original" in vector.tags, vector.id
+
+
+def _defined_ids() -> set[str]:
+    ids = set(rule_ids((SPECS / "core.md").read_text(encoding="utf-8")))
+    protocol = (SPECS / "protocol.md").read_text(encoding="utf-8")
+    ids |= set(re.findall(r"^## (P\d+)\.", protocol, re.M))
+    for name in ("log.md", "vocabulary.md"):
+        ids |= set(rule_ids((SPECS / name).read_text(encoding="utf-8"), prefixes=("L", "V", "E")))
+    return ids
+
+
+def test_every_listed_rule_exists(corpus: list[Vector]) -> None:
+    defined = _defined_ids()
+    unknown = {(v.id, r) for v in corpus for r in v.rules
+               if r not in defined and r.rsplit(".", 1)[0] not in defined}
+    assert unknown == set()
+
+
+def test_every_rule_of_the_core_spec_is_covered(corpus: list[Vector]) -> None:
+    ids = rule_ids((SPECS / "core.md").read_text(encoding="utf-8"))
+    assert len(ids) > 100 and "R19" in ids and "D1" in ids and "R15.2" in ids
+    coverage = covered_by([r for r in ids if r not in EXEMPT], {v.id: v.rules for v in corpus})
+    missing = sorted(rule for rule, vectors in coverage.items() if not vectors)
+    percent = 100 * (len(coverage) - len(missing)) / len(coverage)
+    assert missing == [], f"rule coverage {percent:.1f}%: no vector covers {missing}"
+
+
+def test_every_scenario_and_matrix_row_has_vectors(corpus: list[Vector]) -> None:
+    tags = {t for v in corpus for t in v.tags}
+    assert {f"scenario:{s}" for s in SCENARIOS} <= tags
+    rows = re.findall(r"^\| (\d+)\. ", (SPECS / "core.md").read_text(encoding="utf-8"), re.M)
+    assert rows and {f"matrix:row{r}" for r in rows} <= tags
+    for row in rows:
+        commands = {v.id.split("-", 1)[1] for v in corpus if f"matrix:row{row}" in v.tags}
+        assert commands >= {"steer", "inject", "followup", "cancel"} or commands == {"all"}, row
+
+
+def test_the_corpus_is_what_the_authoring_scripts_write() -> None:
+    spec = importlib.util.spec_from_file_location("turnstile_conformance_build", AUTHOR / "build.py")
+    assert spec is not None and spec.loader is not None
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    texts, problems = build.build()
+    assert problems == {}
+    stale = [i for i, text in texts.items()
+             if (CORPUS / f"{i}.json").read_text(encoding="utf-8") != text]
+    assert stale == []
+    assert set(texts) == {p.stem for p in VECTOR_FILES}
+
+
+def test_rule_ids_reads_ranges_sections_and_skips_informative_ones() -> None:
+    text = """## R7. Admission
+**R7.1 Who.** x
+**R7.10 Rejected** (blocked):
+## R15. Classification
+**R15.1–R15.3 Classification.** y
+## R18. Quiescence
+prose only
+## R26. Remaining hazards (informative)
+* **R26.1** With the window closed
+## D. Differences
+**D3. Drains reach a fixed point** (R8.5).
+"""
+    assert rule_ids(text) == ["R7.1", "R7.10", "R15.1", "R15.2", "R15.3", "R18", "D3"]
+    assert covered_by(["R8", "R8.3", "R9.1"], {"v": ["R8.3.2"]}) == {
+        "R8": ["v"], "R8.3": ["v"], "R9.1": []}
+
+
+# --------------------------------------------------------------------------
+# Malformed vectors: the loader and the schema both refuse, naming line and field
+# --------------------------------------------------------------------------
+
+GOOD: dict[str, Any] = {
+    "version": 1, "id": "x", "title": "a title", "rules": ["R5.2"], "tags": [], "config": {},
+    "steps": [{"in": "dispose"}, {"out": "live", "type": "agent/disposed"}, {"out": "none"}]}
+
+
+def _variant(**changes: Any) -> dict[str, Any]:
+    value = json.loads(json.dumps(GOOD))
+    for key, item in changes.items():
+        if item is None:
+            value.pop(key)
+        else:
+            value[key] = item
+    return value
+
+
+BAD = [
+    (_variant(version=2), "/version", "must be 1"),
+    (_variant(title=None), "/title", "is missing"),
+    (_variant(rules=["R5.2", "Q1"]), "/rules/1", "must be a rule id"),
+    (_variant(config={"toolModes": {"t": "sometimes"}}), "/config/toolModes/t", "exclusive"),
+    (_variant(config={"colour": "blue"}), "/config/colour", "unknown configuration field"),
+    (_variant(steps=[{"in": "dispose", "out": "none"}]), "/steps/0", "exactly one"),
+    (_variant(steps=[{"in": "shout"}]), "/steps/0/in", "unknown input"),
+    (_variant(steps=[{"in": "resolve", "effect": -1}]), "/steps/0/effect", "non-negative"),
+    (_variant(steps=[{"in": "steer"}]), "/steps/0/message", "is missing"),
+    (_variant(steps=[{"in": "dispose", "raises": "boom"}]), "/steps/0/raises", "must be one of"),
+    (_variant(steps=[{"out": "event", "type": "turn/start", "seq": 0, "data": {}, "time": 5}]),
+     "/steps/0/time", "time is omitted"),
+    (_variant(steps=[{"out": "none", "type": "x"}]), "/steps/0/type", "no other fields"),
+    (_variant(steps=[{"out": "effect", "effect": 0, "kind": "telepathy"}]), "/steps/0/kind",
+     "effect kind"),
+    (_variant(steps=[{"out": "live", "type": "agent/warning", "text": "x",
+                      "loose": {"/missing": ""}}]), "/steps/0/loose/~1missing", "names no field"),
+]
+
+
+@pytest.mark.parametrize(("value", "field", "problem"), BAD,
+                         ids=[f"{field}" for _, field, _ in BAD])
+def test_malformed_vectors_are_refused_by_loader_and_schema(
+        value: dict[str, Any], field: str, problem: str) -> None:
+    text = json.dumps(value, indent=2)
+    with pytest.raises(MalformedError) as caught:
+        parse_vector(text, "bad.json")
+    error = caught.value
+    assert error.field == field and problem in error.problem, str(error)
+    assert error.line is not None and str(error).startswith(f"bad.json:{error.line}: {field}: ")
+    if field not in ("/config/colour", "/steps/0/loose/~1missing"):  # beyond what a schema says
+        assert list(jsonschema.Draft202012Validator(SCHEMA).iter_errors(value)), field
+    assert not list(jsonschema.Draft202012Validator(SCHEMA).iter_errors(GOOD))
+
+
+def test_malformed_json_names_line_and_column() -> None:
+    with pytest.raises(MalformedError) as caught:
+        parse_vector('{\n  "version": 1,\n  "id": oops\n}', "broken.json")
+    assert str(caught.value).startswith("broken.json:3: invalid JSON: Expecting value (column 9)")
+
+
+def test_the_line_of_a_field_in_a_pretty_printed_vector() -> None:
+    text = dump_vector(GOOD).replace('{"in": "dispose"}', '{"in": "dispose", "effect": 1}')
+    with pytest.raises(MalformedError) as caught:
+        parse_vector(text, "v.json")
+    assert (caught.value.line, caught.value.field) == (9, "/steps/0/effect")
