@@ -24,6 +24,11 @@ invariants and, with ``--model``, identical outputs from the reference model.
 the core and prints every output as one JSON line (``machine.runner``,
 ``specs/scripts.md``); a malformed or refused script exits 2 with a message
 on stderr.
+
+``turnstile demo [--color | --no-color]`` runs a narrated session through the
+asyncio runtime (``machine.runtime.demo``), prints its log and live events as
+tables, validates the log and replays the conformance corpus through the
+runtime; exit status 1 if anything differs.
 """
 
 from __future__ import annotations
@@ -278,6 +283,19 @@ def _run_explore(args: argparse.Namespace) -> int:
                         budget_seconds=args.seconds, quiet=args.quiet)
 
 
+def _configure_demo(parser: argparse.ArgumentParser) -> None:
+    colour = parser.add_mutually_exclusive_group()
+    colour.add_argument("--color", dest="colour", action="store_true", default=None,
+                        help="colour the tables even when piped")
+    colour.add_argument("--no-color", dest="colour", action="store_false",
+                        help="plain text even on a terminal")
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from machine.runtime.demo import main as demo_main
+    return demo_main(colour=args.colour)
+
+
 COMMANDS: Final[dict[str, Command]] = {
     "log": Command(help="session log tools", configure=_configure_log, run=_run_log),
     "diagrams": Command(help="machine diagrams and transition tables",
@@ -296,6 +314,8 @@ COMMANDS: Final[dict[str, Command]] = {
                             run=conformance_cli.run_verify_trace),
     "record": Command(help="record a conformance vector from a draft",
                       configure=conformance_cli.configure_record, run=conformance_cli.run_record),
+    "demo": Command(help="a narrated session through the asyncio runtime, then the corpus check",
+                    configure=_configure_demo, run=_run_demo),
 }
 
 

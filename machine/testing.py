@@ -23,7 +23,7 @@ synchronous scripted `Driver` and returns the driver (its ``outputs``,
 
     from hypothesis import given
     from machine.runtime import Block, Hooks
-    from machine.testing import environment, interleavings
+    from machine.testing import environment, interleavings, message_ids
 
     @given(interleavings())
     def test_blocked_prompts_leave_no_trace(run):
@@ -50,7 +50,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias, TypeVar
+from typing import Literal, TypeAlias, TypeVar
 
 from hypothesis import strategies as st
 
@@ -138,7 +138,7 @@ T = TypeVar("T")
 def run_sync(awaitable: Awaitable[T]) -> T:
     """Run *awaitable* to completion without an event loop. It may yield control
     (``await asyncio.sleep(0)``) but not wait for a future: that raises `RuntimeError`."""
-    steps: Generator[Any, None, T] = awaitable.__await__()
+    steps: Generator[object, None, T] = awaitable.__await__()
     for _ in range(10_000):
         try:
             yielded = steps.send(None)

@@ -449,8 +449,10 @@ class Agent:
     async def _settle(self, effect: Effect) -> None:
         try:
             value = await self._work(effect)
-        except asyncio.CancelledError:
-            raise
+        except asyncio.CancelledError as exc:
+            if _cancelled_from_outside():
+                raise
+            self._complete("raise", effect.id, error_info(exc))   # the work's own CancelledError
         except Exception as exc:
             self._complete("raise", effect.id, error_info(exc))
         else:
@@ -478,12 +480,15 @@ class Agent:
                     self._complete("end", effect_id, None)
                     return
                 self._complete("chunk", effect_id, chunk)
-        except asyncio.CancelledError:
-            if effect_id not in self._released:
+        except asyncio.CancelledError as exc:
+            if effect_id in self._released:     # the release cancelled the pending read
+                current = asyncio.current_task()
+                if current is not None:
+                    current.uncancel()
+            elif _cancelled_from_outside():
                 raise
-            current = asyncio.current_task()
-            if current is not None:
-                current.uncancel()
+            else:
+                self._complete("raise", effect_id, error_info(exc))
         except Exception as exc:
             self._complete("raise", effect_id, error_info(exc))
         finally:
@@ -520,6 +525,13 @@ class Agent:
             self._minted += 1
             return user_message(f"user-{self._minted}", message)
         return message
+
+
+def _cancelled_from_outside() -> bool:
+    """Whether the running task itself was cancelled (disposal, loop shutdown), rather than
+    the work raising a `CancelledError` of its own."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 async def _close(iterator: AsyncIterator[Chunk] | None) -> None:

@@ -33,7 +33,7 @@ import json
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeAlias, cast
+from typing import Final, Literal, TypeAlias, cast
 
 from machine.conformance import jsoncmp
 from machine.conformance.subjects import fake_clock, raise_kind
@@ -86,14 +86,16 @@ __all__ = ["Placed", "Replay", "check_vector", "replay", "replay_script", "scrip
 _SETTLE_PASSES: Final = 10_000
 #: Where an input is applied: after exactly n outputs, at the first output matching a pattern,
 #: at the same position as the previous input, or after the runtime settles.
-Where: TypeAlias = "int | Mapping[str, Any] | Literal['here'] | None"
+Where: TypeAlias = "int | Mapping[str, JsonValue] | Literal['here'] | None"
+#: A JSON object (an input or an output).
+JsonObject: TypeAlias = dict[str, JsonValue]
 
 
 @dataclass(frozen=True, slots=True)
 class Placed:
     """One input (P9 JSON; ``effect`` may be a selector object) and where it is applied."""
 
-    value: Mapping[str, Any]
+    value: Mapping[str, JsonValue]
     where: Where
     label: str
 
@@ -103,7 +105,7 @@ class Replay:
     """Every output's JSON, and how each input was taken: ``None`` (accepted) or
     ``(kind, message)`` with kind as vectors name it (``validation``, ``protocol``, ...)."""
 
-    outputs: list[dict[str, Any]] = field(default_factory=list)
+    outputs: list[JsonObject] = field(default_factory=list)
     taken: list[tuple[str, str] | None] = field(default_factory=list)
     stopped: str | None = None
 
@@ -248,7 +250,7 @@ async def replay(placed: Sequence[Placed], config: CoreConfig, *,
     puppet = _Puppet()
     agent = _agent(config, puppet, session)
     result = Replay()
-    effects: dict[int, dict[str, Any]] = {}
+    effects: dict[int, JsonObject] = {}
     finished: set[int] = set()              # completed by the script (maybe not yet fed)
     cursor = 0
 
@@ -318,7 +320,7 @@ async def replay(placed: Sequence[Placed], config: CoreConfig, *,
         if outside:
             agent._pump(feed=False)
 
-    def due(where: Where, value: dict[str, Any]) -> bool:
+    def due(where: Where, value: JsonObject) -> bool:
         if isinstance(where, int) and not isinstance(where, bool):
             return where == len(result.outputs)
         return isinstance(where, Mapping) and matches(where, value)
@@ -396,13 +398,16 @@ def script_inputs(script: Script) -> list[Placed]:
 def replay_script(script: Script) -> str | None:
     """None if the runtime's outputs (and refusal) equal ``turnstile run``'s; else the first
     difference."""
-    want: list[dict[str, Any]] = []
+    want: list[JsonObject] = []
     refused: str | None = None
     try:
         want.extend(run_script(script))
     except ScriptError as error:
         refused = str(error)
-    got = asyncio.run(replay(script_inputs(script), script.config, stop_on_refusal=True))
+    try:
+        got = asyncio.run(replay(script_inputs(script), script.config, stop_on_refusal=True))
+    except Exception as error:          # a broken runtime: report, do not crash the caller
+        return f"the replay failed: {type(error).__name__}: {error}"
     difference = _first_difference(want, got.outputs)
     if difference is not None:
         return difference
@@ -416,11 +421,11 @@ def replay_script(script: Script) -> str | None:
 # --------------------------------------------------------------------------
 
 
-def vector_inputs(vector: Vector) -> tuple[list[Placed], list[tuple[int, dict[str, Any]]]]:
+def vector_inputs(vector: Vector) -> tuple[list[Placed], list[tuple[int, JsonObject]]]:
     """The vector's inputs with their positions, and its expected outputs with their step
     indexes (``{"out": "none"}`` steps only place the following input)."""
     placed: list[Placed] = []
-    expected: list[tuple[int, dict[str, Any]]] = []
+    expected: list[tuple[int, JsonObject]] = []
     outputs = 0
     after_none = False
     previous_in = False
@@ -445,7 +450,10 @@ def check_vector(vector: Vector) -> str | None:
     takes its inputs as it says; otherwise the first difference."""
     placed, expected = vector_inputs(vector)
     session = SessionLog(seed_events(vector.seed), clock=fake_clock) if vector.seed else None
-    got = asyncio.run(replay(placed, config_from_json(vector.config), session=session))
+    try:
+        got = asyncio.run(replay(placed, config_from_json(vector.config), session=session))
+    except Exception as error:          # a broken runtime: report, do not crash the caller
+        return f"the replay failed: {type(error).__name__}: {error}"
     if got.stopped is not None:
         return got.stopped
     raises = [s.raises for s in vector.steps if s.kind == "in"]
@@ -466,7 +474,7 @@ def check_vector(vector: Vector) -> str | None:
     return None
 
 
-def _first_difference(want: list[dict[str, Any]], got: list[dict[str, Any]]) -> str | None:
+def _first_difference(want: list[JsonObject], got: list[JsonObject]) -> str | None:
     for index, (a, b) in enumerate(zip(want, got, strict=False)):
         if a != b:
             return f"output {index}: core {json.dumps(a)[:300]} != runtime {json.dumps(b)[:300]}"

@@ -5,19 +5,19 @@ The runtime appends every durable event to the store as it delivers it
 awaits ``flush()``: when it returns, everything appended so far must be
 durable. A raising ``flush`` is reported by the core (``agent/warning`` and
 ``agent/error``) and the agent carries on (reference §12.4).
+
+`InMemorySessionStore` is the default; `PersistentSession` writes into a
+session of a `machine.store` backend (crash-safe JSONL or SQLite).
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
-from pathlib import Path
 from typing import Protocol
 
 from machine.events import Event
+from machine.store.types import SessionStore as StoreBackend
 
-__all__ = ["InMemorySessionStore", "JsonlSessionStore", "SessionStore"]
+__all__ = ["InMemorySessionStore", "PersistentSession", "SessionStore"]
 
 
 class SessionStore(Protocol):
@@ -46,30 +46,26 @@ class InMemorySessionStore:
         return self.events[:self._durable]
 
 
-class JsonlSessionStore:
-    """Appends one JSON event per line to *path*; ``flush`` writes the pending lines and
-    fsyncs (in a worker thread). The file is readable by ``turnstile log validate``."""
+class PersistentSession:
+    """Persists into one open session of a `machine.store` backend (`JsonlStore`,
+    `SqliteStore`; specs/persistence.md): ``append`` writes the event, ``flush`` makes the
+    session durable. An append the backend refused makes the next flush raise, so the core
+    reports the turn's flush as failed."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self._pending: list[str] = []
+    def __init__(self, store: StoreBackend, session_id: str) -> None:
+        self.store = store
+        self.session_id = session_id
+        self._failure: Exception | None = None
 
     def append(self, event: Event) -> None:
-        self._pending.append(json.dumps(event.to_json(), ensure_ascii=False,
-                                        separators=(",", ":")) + "\n")
-
-    async def flush(self) -> None:
-        lines, self._pending = self._pending, []
-        if not lines:
-            return
         try:
-            await asyncio.to_thread(self._write, "".join(lines))
-        except BaseException:
-            self._pending[:0] = lines        # not durable: retried by the next flush
+            self.store.append(self.session_id, event)
+        except Exception as exc:
+            self._failure = self._failure or exc
             raise
 
-    def _write(self, text: str) -> None:
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
+    async def flush(self) -> None:
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise RuntimeError(f"an append was refused: {failure}") from failure
+        self.store.flush(self.session_id)
