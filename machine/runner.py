@@ -6,6 +6,10 @@ observer position (P2):
 
 * ``"when": PATTERN`` - pull outputs until one whose JSON contains the
   pattern (`matches`) has been pulled, then apply the input;
+* ``"when": {"pulled": N, "drained"?: true}`` - pull until N outputs have been
+  pulled in all (with ``drained``, then pull once more, which must find nothing:
+  that pull lets the core consume buffered completions, P6), then apply it; this
+  is an exact position, as recorded runs use;
 * ``"when": "here"`` - apply it at the current position, pulling nothing
   (several inputs issued by one observer);
 * no ``"when"`` - pull every available output first, then apply it.
@@ -190,6 +194,13 @@ def _when(value: Any, path: str) -> Pattern | Literal["here"]:
         return HERE
     if not isinstance(value, dict):
         raise ScriptError(path, f"must be an output pattern (an object) or {HERE!r}")
+    if "pulled" in value:
+        count = value["pulled"]
+        if (not set(value) <= {"pulled", "drained"} or type(count) is not int or count < 0
+                or value.get("drained", False) not in (True, False)):
+            raise ScriptError(path, "a position is {\"pulled\": N, \"drained\"?: bool} with N a "
+                                    "non-negative integer")
+        return value
     out = value.get("out")
     if "out" in value and out not in OUTPUT_KINDS:
         raise ScriptError(f"{path}.out",
@@ -281,6 +292,25 @@ def run_script(script: Script, *, echo_inputs: bool = False) -> Iterator[dict[st
         if item.when is None:
             while (value := pull()) is not None:
                 yield value
+        elif item.when != HERE and "pulled" in item.when:
+            target = item.when["pulled"]
+            if target < pulled:
+                raise ScriptError(f"{item.path}.when", f"position {target} is behind the current "
+                                  f"one ({pulled} outputs already pulled)", code="WHEN_NEVER_MATCHED")
+            while pulled < target:
+                value = pull()
+                if value is None:
+                    raise ScriptError(f"{item.path}.when", f"position {target} was never reached: "
+                                      f"the core waits for input after output {pulled} "
+                                      f"(outstanding effects: {outstanding()})",
+                                      code="WHEN_NEVER_MATCHED")
+                yield value
+            if item.when.get("drained", False):
+                value = pull()      # P6: a pull that finds nothing lets the core advance
+                if value is not None:
+                    raise ScriptError(f"{item.path}.when", f"position {target} is not drained: "
+                                      f"output {pulled} is {_compact(value)}",
+                                      code="WHEN_NEVER_MATCHED")
         elif item.when != HERE:
             while True:
                 value = pull()

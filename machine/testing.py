@@ -248,47 +248,48 @@ class InterleavingDriver(Driver):
     records the inputs it applies with their positions (`script`)."""
 
     refused: list[tuple[Input, TurnstileError]]
-    applied: list[tuple[int, Input]]
+    #: (outputs pulled before it, whether a pull had just returned None, the input)
+    applied: list[tuple[int, bool, Input]]
+    #: a pull returned None since the last input: the core has advanced as far as it can (P6)
+    drained: bool = False
+
+    def _record(self, item: Input) -> None:
+        self.applied.append((len(self.outputs), self.drained, item))
+        self.drained = False
 
     def feed(self, item: Input) -> None:
         """Apply a command (or completion) now, recording it."""
-        self.applied.append((len(self.outputs), item))
+        self._record(item)
         self.core.feed(item)
 
+    def pump(self) -> None:
+        super().pump()
+        self.drained = True
+
     def _apply(self, effect: Effect, answer: Answer | Reply) -> None:
-        position = len(self.outputs)
         if effect.kind == MODEL and isinstance(answer, ErrorInfo):
-            self.applied.append((position, Raise(effect.id, answer)))
+            self._record(Raise(effect.id, answer))
         elif effect.kind == MODEL:
             assert not isinstance(answer, ErrorInfo)
-            self.applied.extend((position, Chunk(effect.id, c)) for c in answer)
-            self.applied.append((position, End(effect.id)))
+            for chunk in answer:
+                self._record(Chunk(effect.id, chunk))
+            self._record(End(effect.id))
         else:
             assert isinstance(answer, tuple)
             verb, value = answer
-            self.applied.append((position, Raise(effect.id, value) if verb == "raise"
-                                 else Resolve(effect.id, value)))
+            self._record(Raise(effect.id, value) if verb == "raise" else Resolve(effect.id, value))
         super()._apply(effect, answer)
 
     def script(self) -> dict[str, JsonValue]:
         """The applied inputs as a script for ``turnstile run`` (specs/scripts.md): each input
-        is placed with ``when`` = the JSON of the last output pulled before it (``here`` when
-        nothing was pulled in between). Raises `ValueError` if such a pattern would match an
-        earlier output first (identical outputs in between)."""
+        is placed at its exact position: ``when: {"pulled": N}`` (N outputs pulled before it),
+        with ``"drained": true`` when a pull had just returned None (P6: that pull let the
+        core consume buffered completions, so it is part of the position)."""
         config = self.core.config
         inputs: list[JsonValue] = []
-        pulled = [o.to_json() for o in self.outputs]
-        last = 0
-        for position, item in self.applied:
+        for position, drained, item in self.applied:
             entry = dict(item.to_json())
-            if position == last:
-                entry["when"] = "here"
-            else:
-                pattern = pulled[position - 1]
-                if pattern in pulled[last:position - 1]:
-                    raise ValueError(f"output {position - 1} is not the first match of its JSON")
-                entry["when"] = pattern
-            last = position
+            entry["when"] = {"pulled": position, "drained": True} if drained else {"pulled": position}
             inputs.append(entry)
         return {"version": 1, "config": {
             "requestOptions": thaw(FrozenDict(config.request_options)), "toolModes": dict(config.tool_modes),
@@ -299,7 +300,9 @@ class InterleavingDriver(Driver):
         for _ in range(count):
             output = self.core.next_output()
             if output is None:
+                self.drained = True
                 return
+            self.drained = False
             self._deliver(output)
 
     def respond(self, pick: int) -> None:

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from machine.io import Cancel, Durable, Send
@@ -29,7 +29,9 @@ from machine.testing import (
     run_sync,
     user_messages,
 )
-from machine.vocabulary import FOLLOWUP
+from machine.vocabulary import FOLLOWUP, SendOptions
+from machine.core import CoreConfig
+from machine.jsonvalue import FrozenDict
 
 FAST = settings(max_examples=60, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -97,6 +99,81 @@ def test_an_interleaving_is_data_and_runs_on_the_scripted_driver() -> None:
 
 @settings(max_examples=25, deadline=None, database=None)
 @given(interleavings())
+@example(
+    run=Interleaving(actions=(Issue(command=Send(message={'id': 'm1',
+         'role': 'user',
+         'content': [{'type': 'text', 'text': 'hi'}],
+         'source': {'kind': 'user'}},
+        options=SendOptions(target='next-turn', wakeup=True),
+        preset='followup')),
+      Deliver(count=1),
+      Deliver(count=1),
+      Deliver(count=3),
+      Respond(pick=0),
+      Issue(command=Cancel(cause={'kind': 'user'}, keep_inbox=False)),
+      Deliver(count=1),
+      Deliver(count=1),
+      Deliver(count=1),
+      Issue(command=Send(message={'id': 'm2',
+         'role': 'user',
+         'content': [{'type': 'text', 'text': 'hi'}],
+         'source': {'kind': 'user'}},
+        options=SendOptions(target='next-turn', wakeup=True),
+        preset='followup')),
+      Issue(command=Send(message={'id': 'm3',
+         'role': 'user',
+         'content': [{'type': 'text', 'text': 'hi'}],
+         'source': {'kind': 'user'}},
+        options=SendOptions(target='next-turn', wakeup=True),
+        preset='followup')),
+      Issue(command=Send(message={'id': 'm4',
+         'role': 'user',
+         'content': [{'type': 'text', 'text': 'hi'}],
+         'source': {'kind': 'user'}},
+        options=SendOptions(target='next-turn', wakeup=True),
+        preset='followup')),
+      Deliver(count=1),
+      Issue(command=Send(message={'id': 'm5',
+         'role': 'user',
+         'content': [{'type': 'text', 'text': 'hi'}],
+         'source': {'kind': 'user'}},
+        options=SendOptions(target='next-turn', wakeup=True),
+        preset='followup'))),
+     replies=(),
+     config=CoreConfig(request_options=FrozenDict({'provider': 'test', 'model': 'test-model'}),
+      tool_modes={'echo': 'exclusive'},
+      max_parallel_tool_calls=2,
+      session_start='startup',
+      publish=True)),
+).via('discovered failure')
+@example(
+    run=Interleaving(actions=(Issue(command=Send(message={'id': 'm1',
+         'role': 'user',
+         'content': [{'type': 'text', 'text': 'hi'}],
+         'source': {'kind': 'user'}},
+        options=SendOptions(target='next-turn', wakeup=True),
+        preset='followup')),
+      Deliver(count=1),
+      Deliver(count=1),
+      Deliver(count=2),
+      Respond(pick=0),
+      Issue(command=Cancel(cause={'kind': 'user'}, keep_inbox=False)),
+      Deliver(count=1),
+      Deliver(count=1),
+      Deliver(count=2),
+      Issue(command=Send(message={'id': 'm2',
+         'role': 'user',
+         'content': [{'type': 'text', 'text': 'hi'}],
+         'source': {'kind': 'user'}},
+        options=SendOptions(target='next-turn', wakeup=True),
+        preset='followup'))),
+     replies=(),
+     config=CoreConfig(request_options=FrozenDict({'provider': 'test', 'model': 'test-model'}),
+      tool_modes={'echo': 'exclusive'},
+      max_parallel_tool_calls=2,
+      session_start='startup',
+      publish=True)),
+).via('discovered failure')
 def test_a_recorded_interleaving_is_a_script_turnstile_run_reproduces(run: Interleaving) -> None:
     driver = run.run()
     try:
