@@ -15,7 +15,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from machine.core import CoreConfig
 from machine.io import Cancel, Durable, Send
+from machine.jsonvalue import FrozenDict
 from machine.runner import parse_script, run_script
 from machine.runtime import Block, Hooks, Next, PromptDecision, PromptSubmit, Tool, ToolCall, ToolResult
 from machine.testing import (
@@ -30,8 +32,6 @@ from machine.testing import (
     user_messages,
 )
 from machine.vocabulary import FOLLOWUP, SendOptions
-from machine.core import CoreConfig
-from machine.jsonvalue import FrozenDict
 
 FAST = settings(max_examples=60, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
