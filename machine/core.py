@@ -77,7 +77,7 @@ from machine.io import (
     Resolve,
     Send,
 )
-from machine.jsonvalue import Frozen, FrozenDict, FrozenList, JsonLike, canonical_json, freeze
+from machine.jsonvalue import Frozen, FrozenDict, FrozenList, JsonLike, freeze, same_json
 from machine.log import SessionLog
 from machine.machines import Inbox, Lifecycle, Outbox, Window
 from machine.vocabulary import (
@@ -94,6 +94,7 @@ from machine.vocabulary import (
     ToolResult,
     block_problem,
     decision_from_json,
+    message_mapping,
     validate_chunk,
     validate_user_message,
 )
@@ -177,13 +178,22 @@ class _Wait:
 
 @dataclass(slots=True)
 class _DiscardSlot:
-    """A discard report whose message list may still grow (rule P7); materialised when pulled."""
+    """A discard report whose message lists may still grow (rule P7); materialised when pulled.
+
+    The inbox report lists queued items, then steering items (R16.2), so input that
+    observers of ``agent/cancel-requested`` queue lands before the steering it clears.
+    """
 
     type: str
-    messages: list[Message] = field(default_factory=list)
+    queued: list[Message] = field(default_factory=list)
+    steering: list[Message] = field(default_factory=list)
+
+    @property
+    def messages(self) -> list[Message]:
+        return [*self.queued, *self.steering]
 
     def materialise(self) -> Live | None:
-        if not self.messages:
+        if not self.queued and not self.steering:
             return None
         return Live(LiveEvent(self.type, FrozenDict({"messages": FrozenList(
             frozen_message(m) for m in self.messages)})))
@@ -258,8 +268,7 @@ _Queued: TypeAlias = "Output | _DiscardSlot | _CancelRequested"
 
 def frozen_message(message: Message) -> FrozenDict:
     """The frozen JSON form of a message (no copying: its parts are already frozen)."""
-    return FrozenDict({"id": message.id, "role": message.role, "content": message.content,
-                       "source": message.source})
+    return message_mapping(message)
 
 
 def frozen_json(value: CancelCause | ErrorInfo | LlmFailure | ToolResult) -> FrozenDict:
@@ -453,7 +462,7 @@ class AgentCore:
         if where == "stage-context":                    # R5.2: staged, nothing emitted
             if cleared:                                 # P7: cleared by the same cancel
                 assert retro is not None and retro.context_slot is not None
-                retro.context_slot.messages.append(message)
+                retro.context_slot.queued.append(message)
             else:
                 self.outbox.stage(message, False)
             return
@@ -473,7 +482,8 @@ class AgentCore:
                         placement="steering" if where == "stage-steering" else "queued")
         if cleared:                                     # P7: reported by the same cancel
             assert retro is not None and retro.inbox_slot is not None
-            retro.inbox_slot.messages.append(message)
+            group = retro.inbox_slot.steering if where == "stage-steering" else retro.inbox_slot.queued
+            group.append(message)
 
     def _request_wake(self) -> None:
         """R6.1: ignored while busy or while a wake is pending."""
@@ -491,7 +501,7 @@ class AgentCore:
         if retro is not None and retro.inbox_slot is not None and retro.context_slot is not None:
             # P7: issued while an earlier cancel-requested is delivered, this cancel joins
             # that one: what it would clear is already in the earlier reports.
-            held = bool(retro.inbox_slot.messages or retro.context_slot.messages)
+            held = bool(retro.inbox_slot.messages or retro.context_slot.messages)  # R16.1
             effective = effective or (not keep and held)
             if not effective:
                 return
@@ -529,9 +539,9 @@ class AgentCore:
             return
         queued = self.inbox.discard() if len(self.inbox) else []
         steering, contexts = self.outbox.clear() if len(self.outbox) else ([], [])
-        inbox_slot.messages.extend(queued)
-        inbox_slot.messages.extend(steering)
-        context_slot.messages.extend(contexts)
+        inbox_slot.queued.extend(queued)
+        inbox_slot.steering.extend(steering)
+        context_slot.queued.extend(contexts)
 
     # ------------------------------------------------------------------
     # Completions (rules P4, P6, C10)
@@ -604,9 +614,10 @@ class AgentCore:
     def next_output(self) -> Output | None:
         """The next output, or None when the core waits for an input."""
         self._retro = None          # the previous output's delivery has ended
+        out = self._out
         while True:
-            if self._out:
-                item = self._out.popleft()
+            if out:
+                item = out.popleft()
                 if isinstance(item, _DiscardSlot):
                     live = item.materialise()
                     if live is None:
@@ -617,8 +628,31 @@ class AgentCore:
                         self._retro = item.retro
                     return item.output
                 return item
-            if not self._advance():
-                return None
+            # Advance the loop by one step. Why inline (this runs once per output): one call
+            # fewer, and an output yielded with nothing queued before it is handed out at
+            # once rather than queued and taken back (the same output, in the same order).
+            proc = self._proc
+            if proc is None:
+                if not self._advance_idle():
+                    return None
+                continue
+            sent: _Mail | None = None
+            if self._wait is not None:
+                sent = self._take_mail(self._wait)
+                if sent is None:
+                    return None
+                self._wait = None
+            try:
+                yielded = proc.send(sent)
+            except StopIteration:
+                self._proc = None
+                continue
+            if isinstance(yielded, _Wait):
+                self._wait = yielded.ids
+            elif out:
+                out.append(yielded)
+            else:
+                return yielded
 
     def drain_outputs(self) -> list[Output]:
         """Pull every output available now (no observers act in between)."""
@@ -640,27 +674,6 @@ class AgentCore:
     def _emit_live(self, type_: str, **payload: Frozen) -> None:
         self._emit(Live(LiveEvent(type_, FrozenDict(payload))))
 
-    def _advance(self) -> bool:
-        proc = self._proc
-        if proc is None:
-            return self._advance_idle()
-        sent: _Mail | None = None
-        if self._wait is not None:
-            sent = self._take_mail(self._wait)
-            if sent is None:
-                return False
-            self._wait = None
-        try:
-            yielded = proc.send(sent)
-        except StopIteration:
-            self._proc = None
-            return True
-        if isinstance(yielded, _Wait):
-            self._wait = yielded.ids
-        else:
-            self._out.append(yielded)
-        return True
-
     def _advance_idle(self) -> bool:
         wake = self._wake_effect
         if wake is not None:
@@ -676,6 +689,8 @@ class AgentCore:
         return False
 
     def _take_mail(self, ids: frozenset[int]) -> _Mail | None:
+        if self._mail and self._mail[0][0] in ids:  # Why: usually the oldest mail is the one
+            return self._mail.popleft()
         for index, mail in enumerate(self._mail):
             if mail[0] in ids:
                 del self._mail[index]
@@ -975,7 +990,8 @@ class AgentCore:
         header = self._validate_header(raw_header)
         header_reason = decisions.header_reason(
             self._header_logged, self.log.has_header,
-            self._header_logged and canonical_json(header) != canonical_json(self.log.last_header))
+            # Why: same_json compares as canonical JSON text would, without encoding twice.
+            self._header_logged and not same_json(header, self.log.last_header))
         self._header_logged = True
         if header_reason is not None:
             yield self._commit(ev.REQUEST_HEADER, {"header": header, "reason": header_reason})
@@ -987,6 +1003,7 @@ class AgentCore:
             "historyEnd": history_end}), self.log.history(history_end))
         yield model
         folded: list[FrozenDict] = []
+        open_kind: str | None = None      # P12: the run of text or reasoning chunks being folded
         chunk_seqs: list[int] = []
         finish: FrozenDict | None = None
         while True:
@@ -1028,7 +1045,7 @@ class AgentCore:
             if chunk["type"] == "finish":
                 finish = chunk
             else:
-                _fold(folded, chunk)
+                open_kind = _fold(folded, chunk, open_kind)
         finish_kind = finish["kind"]
         if finish_kind in ("error", "aborted"):                   # R9.7 request failure
             raw_failure = finish.get("failure")
@@ -1352,8 +1369,8 @@ def _chunk_content_problem(chunk: FrozenDict) -> str | None:
             return "invalid chunk: a tool-call chunk needs a non-empty string 'id'"
         if not isinstance(chunk.get("name"), str):
             return "invalid chunk: a tool-call chunk needs a string 'name'"
-        if not isinstance(chunk.get("arguments", ""), str):
-            return "invalid chunk: a tool-call chunk's 'arguments' must be JSON text (a string)"
+        if not isinstance(chunk.get("arguments"), str):
+            return "invalid chunk: a tool-call chunk needs 'arguments', JSON text (a string)"
     if kind == "block":
         block = chunk.get("block")
         problem = block_problem(block) if block is not None else "a block chunk needs a 'block'"
@@ -1362,25 +1379,30 @@ def _chunk_content_problem(chunk: FrozenDict) -> str | None:
     return None
 
 
-def _fold(content: list[FrozenDict], chunk: FrozenDict) -> None:
+def _fold(content: list[FrozenDict], chunk: FrozenDict, open_kind: str | None) -> str | None:
     """Rule P12: how the core folds model chunks into content blocks.
 
-    ``text`` and ``reasoning`` chunks extend a trailing block of the same type;
-    ``tool-call`` chunks {id, name, arguments} add a call; ``block`` chunks add
-    their ``block`` as is; other chunk types carry no content.
+    Consecutive ``text`` chunks extend one text block (likewise ``reasoning``):
+    *open_kind* is the kind of the block the previous content chunk started, and the
+    kind to pass next time is returned. ``tool-call`` chunks {id, name, arguments} add a
+    call and ``block`` chunks add their ``block`` as is; both end a run of text. Other
+    chunk types carry no content and leave the run as it is.
     """
     kind = chunk["type"]
     if kind in ("text", "reasoning"):
         piece = str(chunk["text"])
-        if content and content[-1].get("type") == kind:
+        if content and open_kind == kind:
             content[-1] = content[-1].set("text", str(content[-1]["text"]) + piece)
         else:
             content.append(FrozenDict({"type": kind, "text": piece}))
-    elif kind == "tool-call":
-        content.append(FrozenDict({"type": "tool-call", "id": chunk.get("id"),
-                                   "name": chunk.get("name"),
-                                   "arguments": chunk.get("arguments", "")}))
-    elif kind == "block" and isinstance(chunk.get("block"), FrozenDict):
+        return str(kind)
+    if kind == "tool-call":
+        content.append(FrozenDict({"type": "tool-call", "id": chunk["id"],
+                                   "name": chunk["name"], "arguments": chunk["arguments"]}))
+        return None
+    if kind == "block":
         block = chunk["block"]
         assert isinstance(block, FrozenDict)
         content.append(block)
+        return None
+    return open_kind

@@ -101,15 +101,26 @@ class Event:
         if type(self.seq) is not int or self.seq < 0:
             raise ValidationError("event.seq", "must be a non-negative integer")
         time = self.time
-        if isinstance(time, bool) or not isinstance(time, (int, float)) or not math.isfinite(time):
+        kind = type(time)
+        # Why: an exact int, or an exact finite float, passes; anything else takes the full test.
+        if kind is not int and (kind is not float or not math.isfinite(time)) and (
+                isinstance(time, bool) or not isinstance(time, (int, float))
+                or not math.isfinite(time)):
             raise ValidationError("event.time", "must be a finite number (epoch milliseconds)")
-        data = freeze(self.data, "event.data")
-        if not isinstance(data, FrozenDict):
-            raise ValidationError("event.data", "must be a mapping")
-        object.__setattr__(self, "data", data)
-        object.__setattr__(self, "surface_op", freeze(self.surface_op, "event.surfaceOp"))
+        # Why: a FrozenDict (exact type) is frozen by construction, and freeze would return it
+        # unchanged: skip the call. Other values are snapshotted and checked as before.
+        if type(self.data) is not FrozenDict:
+            data = freeze(self.data, "event.data")
+            if not isinstance(data, FrozenDict):
+                raise ValidationError("event.data", "must be a mapping")
+            object.__setattr__(self, "data", data)
+        op = self.surface_op
+        if op is not None and type(op) is not str:  # None and str are frozen as they are
+            object.__setattr__(self, "surface_op", freeze(op, "event.surfaceOp"))
         if self.source_event_seqs is not None:
-            seqs = freeze(self.source_event_seqs, "event.sourceEventSeqs")
+            seqs: Frozen = self.source_event_seqs
+            if type(seqs) is not FrozenList:
+                seqs = freeze(seqs, "event.sourceEventSeqs")
             if not isinstance(seqs, FrozenList) or not all(type(s) is int for s in seqs):
                 raise ValidationError("event.sourceEventSeqs", "must be a list of integers")
             object.__setattr__(self, "source_event_seqs", seqs)
@@ -165,12 +176,14 @@ class LiveEvent:
     def __post_init__(self) -> None:
         if not isinstance(self.type, str) or not self.type:
             raise ValidationError("live.type", "must be a non-empty string")
-        payload = freeze(self.payload, "live.payload")
-        if not isinstance(payload, FrozenDict):
-            raise ValidationError("live.payload", "must be a mapping")
+        payload: Frozen = self.payload
+        if type(payload) is not FrozenDict:  # Why: frozen by construction (see Event)
+            payload = freeze(payload, "live.payload")
+            if not isinstance(payload, FrozenDict):
+                raise ValidationError("live.payload", "must be a mapping")
+            object.__setattr__(self, "payload", payload)
         if "type" in payload:
             raise ValidationError("live.payload.type", "is reserved for the notification type")
-        object.__setattr__(self, "payload", payload)
 
     def to_json(self) -> dict[str, JsonLike]:
         return {"type": self.type, **thaw(self.payload)}

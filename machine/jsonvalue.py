@@ -17,20 +17,42 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar, overload
 
 from machine.errors import NotJsonCompatibleError
+
+_T = TypeVar("_T")
 
 
 def _is_frozen(value: object) -> bool:
     """True if *value* is a frozen JSON value at its top level (children are frozen by
     construction of the containers)."""
     kind = type(value)
-    if value is None or kind is bool or kind is int or kind is str:
+    # Why: exact-type tests first (the common case, no isinstance walk); same answers.
+    if kind is str or kind is int or kind is FrozenDict or kind is FrozenList or value is None \
+            or kind is bool:
         return True
     if kind is float:
         return math.isfinite(value)  # type: ignore[arg-type]
     return isinstance(value, (FrozenDict, FrozenList))
+
+
+def _all_frozen_values(items: list[Any]) -> bool:
+    """True if every item of *items* is frozen (`_is_frozen`)."""
+    frozen_types = _FROZEN_TYPES
+    for item in items:  # noqa: SIM110 - a plain loop is faster than all() over a generator
+        if type(item) not in frozen_types and not _is_frozen(item):
+            return False
+    return True
+
+
+def _all_frozen_items(data: dict[Any, Any]) -> bool:
+    """True if every key of *data* is an exact str and every value is frozen (`_is_frozen`)."""
+    frozen_types = _FROZEN_TYPES
+    for key, item in data.items():
+        if type(key) is not str or (type(item) not in frozen_types and not _is_frozen(item)):
+            return False
+    return True
 
 
 class FrozenDict(Mapping[str, "Frozen"]):
@@ -41,14 +63,33 @@ class FrozenDict(Mapping[str, "Frozen"]):
     def __init__(self, data: Mapping[str, JsonLike] | None = None) -> None:
         out: dict[str, Frozen] = {}
         if data:
-            for key, item in data.items():
-                if not isinstance(key, str):
-                    raise NotJsonCompatibleError("value", f"key {key!r} is not a string")
-                if type(key) is not str:
-                    key = str.__str__(key)
-                out[key] = item if _is_frozen(item) else _freeze(item, f"value.{key}", set())
+            if type(data) is FrozenDict:
+                # Why: a FrozenDict's keys and values were checked and frozen when it was
+                # built; copying its plain dict gives the same contents without re-checking.
+                out = dict(data._data)
+            elif type(data) is dict and _all_frozen_items(data):
+                # Why: the usual case (the core's own payloads): every key an exact str and
+                # every value already frozen, so the general loop below would copy the pairs
+                # unchanged; the dict's own copy does that in one step.
+                out = data.copy()
+            else:
+                for key, item in data.items():
+                    if type(key) is not str:
+                        if not isinstance(key, str):
+                            raise NotJsonCompatibleError("value", f"key {key!r} is not a string")
+                        key = str.__str__(key)
+                    out[key] = item if _is_frozen(item) else _freeze(item, f"value.{key}", set())
         self._data: dict[str, Frozen] = out
         self._hash: int | None = None
+
+    @classmethod
+    def _adopt(cls, data: dict[str, Frozen]) -> FrozenDict:
+        """A FrozenDict over *data* itself, whose keys (exact str) and values (frozen) the
+        caller has just checked, and which nobody else holds (internal to this module)."""
+        self = cls.__new__(cls)
+        self._data = data
+        self._hash = None
+        return self
 
     def __getitem__(self, key: str) -> Frozen:
         return self._data[key]
@@ -58,6 +99,20 @@ class FrozenDict(Mapping[str, "Frozen"]):
 
     def __len__(self) -> int:
         return len(self._data)
+
+    # Why: the Mapping ABC's get and __contains__ go through __getitem__ and a KeyError;
+    # the plain dict answers the same (a TypeError for an unhashable key, as before).
+    @overload
+    def get(self, key: str, /) -> Frozen: ...
+
+    @overload
+    def get(self, key: str, /, default: Frozen | _T) -> Frozen | _T: ...
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._data.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
 
     def __hash__(self) -> int:
         if self._hash is None:
@@ -90,11 +145,20 @@ class FrozenList(tuple["Frozen", ...]):
     __slots__ = ()
 
     def __new__(cls, items: Iterable[JsonLike] = ()) -> FrozenList:
+        if type(items) is FrozenList:  # Why: frozen by construction; nothing to check
+            return super().__new__(cls, items)
         values = tuple(items)
-        if not all(_is_frozen(v) for v in values):
-            values = tuple(v if _is_frozen(v) else _freeze(v, f"value[{i}]", set())
-                           for i, v in enumerate(values))
+        for v in values:  # Why: a plain loop, not a generator (same test, same order)
+            if not _is_frozen(v):
+                values = tuple(v if _is_frozen(v) else _freeze(v, f"value[{i}]", set())
+                               for i, v in enumerate(values))
+                break
         return super().__new__(cls, values)
+
+    @classmethod
+    def _adopt(cls, items: Iterable[Frozen]) -> FrozenList:
+        """A FrozenList of *items*, which the caller has just checked are frozen (internal)."""
+        return tuple.__new__(cls, items)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, list):
@@ -112,6 +176,8 @@ class FrozenList(tuple["Frozen", ...]):
 
 
 Frozen: TypeAlias = bool | int | float | str | FrozenList | FrozenDict | None
+#: The exact types whose every value is frozen (floats are frozen only when finite).
+_FROZEN_TYPES: frozenset[type] = frozenset({str, int, bool, type(None), FrozenDict, FrozenList})
 #: What callers may pass: plain JSON (lists, dicts) or frozen values.
 JsonLike: TypeAlias = Any
 
@@ -123,12 +189,25 @@ def freeze(value: JsonLike, path: str = "value") -> Frozen:
     Lists and `FrozenList`s are arrays; tuples, sets, bytes, NaN, infinities,
     non-string keys, cycles and other objects are refused.
     """
+    kind = type(value)
+    # Why: a value frozen by its exact type needs no walk (and no cycle-tracking set).
+    if kind is str or kind is int or kind is FrozenDict or kind is FrozenList or value is None \
+            or kind is bool:
+        return value  # type: ignore[no-any-return]
     return _freeze(value, path, set())
 
 
 def _freeze(value: JsonLike, path: str, active: set[int]) -> Frozen:
-    if value is None:
-        return value
+    kind = type(value)
+    # Why: values that are frozen by their exact type come back as they are (as below), and
+    # exact lists and dicts go straight to their branch: no walk of the isinstance chain.
+    if kind is str or kind is int or kind is FrozenDict or kind is FrozenList or value is None \
+            or kind is bool:
+        return value  # type: ignore[no-any-return]
+    if kind is dict:
+        return _freeze_dict(value, path, active)
+    if kind is list:
+        return _freeze_list(value, path, active)
     if isinstance(value, str):
         return value if type(value) is str else str.__str__(value)
     if isinstance(value, bool):
@@ -146,29 +225,48 @@ def _freeze(value: JsonLike, path: str, active: set[int]) -> Frozen:
     if isinstance(value, (FrozenDict, FrozenList)):
         return value  # frozen by construction: already validated and immutable
     if isinstance(value, list):
-        key = id(value)
-        if key in active:
-            raise NotJsonCompatibleError(path, "the value contains a cycle")
-        active.add(key)
-        try:
-            return FrozenList(_freeze(item, f"{path}[{i}]", active) for i, item in enumerate(value))
-        finally:
-            active.discard(key)
+        return _freeze_list(value, path, active)
     if isinstance(value, dict):
-        key = id(value)
-        if key in active:
-            raise NotJsonCompatibleError(path, "the value contains a cycle")
-        active.add(key)
-        try:
-            out: dict[str, Frozen] = {}
-            for k, v in value.items():
-                if not isinstance(k, str):
-                    raise NotJsonCompatibleError(path, f"key {k!r} is not a string")
-                out[k] = _freeze(v, f"{path}.{k}", active)
-            return FrozenDict(out)
-        finally:
-            active.discard(key)
+        return _freeze_dict(value, path, active)
     raise NotJsonCompatibleError(path, f"a {type(value).__name__} is not JSON-compatible")
+
+
+def _freeze_list(value: list[Any], path: str, active: set[int]) -> FrozenList:
+    # Why: a list whose items are all frozen already holds nothing to freeze and cannot
+    # contain a cycle: adopt a copy as it is.
+    if type(value) is list and _all_frozen_values(value):
+        return FrozenList._adopt(value)
+    key = id(value)
+    if key in active:
+        raise NotJsonCompatibleError(path, "the value contains a cycle")
+    active.add(key)
+    try:
+        # Why: a plain loop; each item is frozen here, so the list is adopted unchecked.
+        items: list[Frozen] = []
+        for i, item in enumerate(value):
+            items.append(_freeze(item, f"{path}[{i}]", active))
+        return FrozenList._adopt(items)
+    finally:
+        active.discard(key)
+
+
+def _freeze_dict(value: dict[Any, Any], path: str, active: set[int]) -> FrozenDict:
+    # Why: as for lists, a dict of exact str keys and frozen values is copied as it is.
+    if type(value) is dict and _all_frozen_items(value):
+        return FrozenDict._adopt(value.copy())
+    key = id(value)
+    if key in active:
+        raise NotJsonCompatibleError(path, "the value contains a cycle")
+    active.add(key)
+    try:
+        out: dict[str, Frozen] = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise NotJsonCompatibleError(path, f"key {k!r} is not a string")
+            out[k] = _freeze(v, f"{path}.{k}", active)
+        return FrozenDict(out)
+    finally:
+        active.discard(key)
 
 
 def thaw(value: Frozen) -> Any:
@@ -185,6 +283,34 @@ def canonical_json(value: Frozen | JsonLike) -> str:
     return json.dumps(thaw(value) if isinstance(value, (FrozenDict, FrozenList)) else value,
                       sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False)
+
+
+def same_json(a: Frozen, b: Frozen) -> bool:
+    """``canonical_json(a) == canonical_json(b)`` for frozen values, without encoding them.
+
+    Canonical JSON text is equal exactly when the values have the same structure and the
+    same scalars *of the same type*: ``1``, ``1.0`` and ``true`` differ, and so do ``0.0``
+    and ``-0.0`` (their texts differ). Key order does not matter (the keys are sorted).
+    """
+    kind = type(a)
+    if kind is not type(b):
+        return False
+    if kind is FrozenDict:
+        assert isinstance(a, FrozenDict) and isinstance(b, FrozenDict)
+        mine, theirs = a._data, b._data
+        if len(mine) != len(theirs):
+            return False
+        for key, value in mine.items():
+            if key not in theirs or not same_json(value, theirs[key]):
+                return False
+        return True
+    if kind is FrozenList:
+        assert isinstance(a, FrozenList) and isinstance(b, FrozenList)
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
+    if kind is float:
+        assert isinstance(a, float) and isinstance(b, float)
+        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+    return a == b
 
 
 def is_mapping(value: Frozen) -> bool:

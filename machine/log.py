@@ -45,6 +45,7 @@ from machine.vocabulary import (
     Message,
     TurnEndReason,
     TurnTrigger,
+    message_mapping,
     validate_assistant_message,
     validate_chunk,
     validate_tool_result_message,
@@ -294,6 +295,9 @@ class SessionLog:
         self._next_token = 0
         self._undelivered: deque[Event] = deque()
         self._delivering = False
+        # The last successful `check` of a core type: (type, data, op, seqs, message).
+        self._checked: tuple[str, FrozenDict, Frozen, FrozenList | None, Message | None] | None \
+            = None
         for position, event in enumerate(events):
             try:
                 self._replay(event)
@@ -361,7 +365,14 @@ class SessionLog:
               source_event_seqs: Sequence[int] | None = None) -> None:
         """Raise `InvariantError` if this append would break an invariant (L2). Pure."""
         frozen_data, frozen_op, frozen_seqs = _freeze_envelope(data, surface_op, source_event_seqs)
-        self._verdict(type, frozen_data, frozen_op, frozen_seqs)
+        message = self._verdict(type, frozen_data, frozen_op, frozen_seqs)
+        # Why (performance): a store checks each append before writing it and commits the
+        # same values right after (S5). Remember this verdict, so that a commit of the very
+        # same frozen values with nothing stored in between reuses it instead of reaching it
+        # twice. Only core types: their checks depend on nothing but the log and the values
+        # (an extension rule is the caller's function, so it is always called again).
+        self._checked = ((type, frozen_data, frozen_op, frozen_seqs, message)
+                         if type in _CORE_CHECKS else None)
 
     def commit(self, type: str, data: Mapping[str, object] | Message, *,
                surface_op: str | Mapping[str, object] | None = None,
@@ -372,7 +383,12 @@ class SessionLog:
         top-level value of it).
         """
         frozen_data, frozen_op, frozen_seqs = _freeze_envelope(data, surface_op, source_event_seqs)
-        message = self._verdict(type, frozen_data, frozen_op, frozen_seqs)
+        checked, self._checked = self._checked, None
+        if (checked is not None and checked[0] == type and checked[1] is frozen_data
+                and checked[2] is frozen_op and checked[3] is frozen_seqs):
+            message = checked[4]        # checked by `check` just before (see there)
+        else:
+            message = self._verdict(type, frozen_data, frozen_op, frozen_seqs)
         event = Event(type, len(self._events), self._clock(), frozen_data, frozen_op, frozen_seqs)
         self._store(event, message)
         return event
@@ -452,6 +468,7 @@ class SessionLog:
 
     def _store(self, event: Event, message: Message | None) -> None:
         """Commit a checked event and advance the incremental state."""
+        self._checked = None        # the state changes: an earlier check no longer holds
         self._events.append(event)
         data = event.data
         kind = event.type
@@ -546,7 +563,7 @@ class SessionLog:
         if step is None:
             _fail(rule, f"{type_} is outside any open step (turn {turn} has no open step)")
         named = (data.get("turn"), data.get("step"))
-        if named != (turn, step) or not all(_is_int(n) for n in named):
+        if named != (turn, step) or not (_is_int(named[0]) and _is_int(named[1])):
             _fail(rule, f"{type_}: names step {_dotted(named)} but the open step is {turn}.{step}")
 
     def _check_turn_start(self, data: FrozenDict, _op: Frozen) -> None:
@@ -590,7 +607,8 @@ class SessionLog:
         if self._open_step is None:
             _fail("L5", "step/end is outside any open step")
         named = (data.get("turn"), data.get("step"))
-        if named != (self._open_turn, self._open_step) or not all(_is_int(n) for n in named):
+        if named != (self._open_turn, self._open_step) or not (
+                _is_int(named[0]) and _is_int(named[1])):
             _fail("L5", f"step/end: step {_dotted(named)} does not match open step "
                   f"{self._open_turn}.{self._open_step}")
 
@@ -684,7 +702,8 @@ _CORE_CHECKS: Final[Mapping[str, _CoreCheck]] = {
 
 
 def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    # Why: an exact int (the usual case) answers at once; same answer as the full test.
+    return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def _as_int(value: Frozen) -> int:
@@ -707,8 +726,7 @@ def _message_field(type_: str, data: FrozenDict,
 
 def _message_mapping(message: Message) -> FrozenDict:
     # Content and source are already frozen, so this is cheap.
-    return FrozenDict({"id": message.id, "role": message.role, "content": message.content,
-                       "source": message.source})
+    return message_mapping(message)
 
 
 def _freeze_envelope(data: Mapping[str, object] | Message, surface_op: object,

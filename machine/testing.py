@@ -282,14 +282,21 @@ class InterleavingDriver(Driver):
 
     def script(self) -> dict[str, JsonValue]:
         """The applied inputs as a script for ``turnstile run`` (specs/scripts.md): each input
-        is placed at its exact position: ``when: {"pulled": N}`` (N outputs pulled before it),
+        is placed at its exact position: ``when: {"pulled": N}`` (N outputs pulled before it;
+        ``"here"`` for an input right after another at the same position),
         with ``"drained": true`` when a pull had just returned None (P6: that pull let the
         core consume buffered completions, so it is part of the position)."""
         config = self.core.config
         inputs: list[JsonValue] = []
+        last: int | None = None
         for position, drained, item in self.applied:
             entry = dict(item.to_json())
-            entry["when"] = {"pulled": position, "drained": True} if drained else {"pulled": position}
+            if position == last and not drained:
+                entry["when"] = "here"          # issued right after the input before it
+            else:
+                entry["when"] = ({"pulled": position, "drained": True} if drained
+                                 else {"pulled": position})
+            last = position
             inputs.append(entry)
         return {"version": 1, "config": {
             "requestOptions": thaw(FrozenDict(config.request_options)), "toolModes": dict(config.tool_modes),

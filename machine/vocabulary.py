@@ -46,14 +46,18 @@ def _fields(value: JsonLike, path: str, shape: str, required: Sequence[str],
     """A plain dict of a decoded mapping, after checking its key set."""
     if not isinstance(value, (dict, FrozenDict)):
         raise ValidationError(path, f"must be a mapping {shape}")
-    extra = set(value) - set(required) - set(optional)
-    if extra:
-        names = ", ".join(sorted(repr(k) for k in extra))
-        raise ValidationError(path, f"unexpected field(s) {names}")
+    # Why: one pass over the (few) keys with tuple membership tests instead of building
+    # three sets; the set difference is computed only to word the error, as before.
+    for key in value:
+        if key not in required and key not in optional:
+            extra = set(value) - set(required) - set(optional)
+            names = ", ".join(sorted(repr(k) for k in extra))
+            raise ValidationError(path, f"unexpected field(s) {names}")
     for key in required:
         if key not in value:
             raise ValidationError(f"{path}.{key}", "is required")
-    return dict(value)
+    # Why: a FrozenDict's plain dict copies directly (no Mapping-protocol walk).
+    return dict(value._data) if type(value) is FrozenDict else dict(value)
 
 
 def _opt(fields: Mapping[str, Any], key: str, default: Any = None) -> Any:
@@ -79,6 +83,7 @@ def register_block_type(type_name: str, check: BlockCheck | None = None) -> None
     if type_name in _CORE_BLOCKS:
         raise ValidationError("type_name", f"{type_name!r} is a core block type")
     _block_checks[type_name] = check or (lambda _b: None)
+    _MAPPED.clear()  # a new check may refuse what was accepted: validate afresh
 
 
 def register_source_kind(kind: str, check: BlockCheck | None = None) -> None:
@@ -88,6 +93,7 @@ def register_source_kind(kind: str, check: BlockCheck | None = None) -> None:
     if kind in _CORE_SOURCES:
         raise ValidationError("kind", f"{kind!r} is a core source kind")
     _source_checks[kind] = check or (lambda _s: None)
+    _MAPPED.clear()  # a new check may refuse what was accepted: validate afresh
 
 
 def _str_field(value: FrozenDict, key: str, *, nonempty: bool = False) -> str | None:
@@ -284,6 +290,9 @@ class Message:
     def from_json(cls, value: JsonLike, path: str = "message") -> Message:
         if isinstance(value, Message):
             return value
+        mapped = _MAPPED.get(id(value))
+        if mapped is not None and mapped[0] is value:  # made by message_mapping: see there
+            return mapped[1]
         fields = _fields(value, path, "{id, role, content, source}",
                          ("id", "role", "content", "source"))
         try:
@@ -302,6 +311,31 @@ class Message:
     def tool_calls(self) -> tuple[FrozenDict, ...]:
         return tuple(b for b in self.content
                      if isinstance(b, FrozenDict) and b.get("type") == "tool-call")
+
+
+#: Recently made message mappings, by identity: id(mapping) -> (mapping, message).
+_MAPPED: dict[int, tuple[FrozenDict, Message]] = {}
+_MAPPED_LIMIT: Final = 32
+
+
+def message_mapping(message: Message) -> FrozenDict:
+    """The frozen JSON form of a message (no copying: its parts are already frozen).
+
+    Why (performance): the core builds a message (validating it), and the log then
+    validates the mapping made from it once more when the event carrying it is
+    appended. A `Message` is immutable and was validated when it was built, so the
+    mapping made from it here is valid too: `Message.from_json` hands back the message
+    for a mapping made by this function (matched by identity; the entry holds the
+    mapping, so its id cannot be reused). Only the last few mappings are remembered,
+    and registering a block type or source kind forgets them all. Every other check of
+    the log (roles, source kinds, tool-result pairing, enclosure) still runs.
+    """
+    mapping = FrozenDict({"id": message.id, "role": message.role, "content": message.content,
+                          "source": message.source})
+    if len(_MAPPED) >= _MAPPED_LIMIT:
+        _MAPPED.clear()
+    _MAPPED[id(mapping)] = (mapping, message)
+    return mapping
 
 
 def user_message(id: str, content: str | Sequence[JsonLike],
@@ -749,10 +783,23 @@ def validate_chunk(value: JsonLike, path: str = "chunk") -> FrozenDict:
     a failure when kind is error, and an optional mapping usage.
 
     A malformed chunk raises a `ValidationError` whose ``code`` is ``INVALID_CHUNK``."""
+    global _last_chunk
+    # Why (performance): the core validates each chunk it is fed, and the log validates the
+    # same frozen chunk again when its assistant/chunk event is appended. A FrozenDict is
+    # immutable and this check depends on nothing else, so the very object accepted last
+    # (held here, so its identity cannot be reused) is accepted again without a second pass.
+    if value is _last_chunk and value is not None:
+        return value
     try:
-        return _validate_chunk(value, path)
+        chunk = _validate_chunk(value, path)
     except ValidationError as exc:
         raise _rebase(exc, path, path, INVALID_CHUNK) from None
+    _last_chunk = chunk
+    return chunk
+
+
+#: The chunk `validate_chunk` accepted last.
+_last_chunk: FrozenDict | None = None
 
 
 def _validate_chunk(value: JsonLike, path: str) -> FrozenDict:

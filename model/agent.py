@@ -216,11 +216,10 @@ class _Call:
     call_seq: int = -1
     execute_effect: int | None = None
     aborted_before_dispatch: bool = False
-    final: JsonLike = None  # a final result from prepare (§10.3 step 2)
-    has_final: bool = False
-    body: JsonLike = None  # the body's result (tool-execute)
-    executed: bool = False
+    result: ToolResult | None = None  # the body's result, or the final result from prepare
+    from_prepare: bool = False
     aborted_at_settlement: bool = False  # §10.11
+    error: ErrorInfo | None = None  # why the call failed (§10.9)
 
 
 ABORTED_BEFORE_DISPATCH_TEXT = "Error: tool call aborted before dispatch"
@@ -275,23 +274,26 @@ def _header_problem(value: JsonLike) -> str | None:
 
 
 def _chunk_problem(chunk: FrozenDict) -> str | None:
-    """P12: the fields a content-carrying chunk must have."""
+    """P12: the fields a content-carrying chunk must have (the texts are the project's;
+    P12 does not state them)."""
     kind = chunk["type"]
     if kind in ("text", "reasoning"):
         if not isinstance(chunk.get("text"), str):
-            return "chunk.text: must be a string"
+            return f"invalid chunk: a {kind} chunk needs a string 'text'"
     elif kind == "tool-call":
         call_id = chunk.get("id")
         if not isinstance(call_id, str) or not call_id:
-            return "chunk.id: must be a non-empty string"
+            return "invalid chunk: a tool-call chunk needs a non-empty string 'id'"
         if not isinstance(chunk.get("name"), str):
-            return "chunk.name: must be a string"
+            return "invalid chunk: a tool-call chunk needs a string 'name'"
         if not isinstance(chunk.get("arguments"), str):
-            return "chunk.arguments: must be a string"
+            return "invalid chunk: a tool-call chunk needs 'arguments', JSON text (a string)"
     elif kind == "block":
-        problem = block_problem(chunk.get("block"))
+        if "block" not in chunk:
+            return "invalid chunk: a block chunk needs a 'block'"
+        problem = block_problem(chunk["block"])
         if problem:
-            return f"chunk.block: {problem}"
+            return f"invalid chunk: {problem}"
     return None
 
 
@@ -690,6 +692,8 @@ class ModelAgent:
         """§16, §1.10: validate the cause ({kind:'user'} or {kind:'parent'}), then cancel."""
         self._check_not_disposed()
         parsed = CancelCause.from_json(cause)
+        if not isinstance(keep_inbox, bool):
+            raise ValidationError("keepInbox", "must be a bool")
         self._cancel(parsed, keep_inbox)
 
     def _cancel(self, cause: CancelCause, keep_inbox: bool) -> None:
@@ -697,6 +701,23 @@ class ModelAgent:
         §16.3 first cause wins; D2 drops a pending retry; D6 context report."""
         effective = (self._owner is not None or self._pending_retry
                      or (not keep_inbox and (bool(self._queued) or bool(self._outbox))))
+        joined = self._window_reports
+        if joined is not None:
+            # §19 (cancel-requested observers: "the first cause stands; emits
+            # agent/cancel-requested again"), P7: nothing of the earlier cancel has been
+            # cleared yet as far as its observers can tell, so this cancel joins it: it is
+            # effective if the earlier reports hold anything, and adds no reports of its own.
+            held = bool(joined.queued or joined.steering or joined.context)
+            if not (effective or (not keep_inbox and held)):
+                return
+            if cause.kind != "disposed":
+                payload = freeze({"cause": cause.to_json()}, "payload")
+                assert isinstance(payload, FrozenDict)
+                self._insert(_Entry(output=Live(LiveEvent(CANCEL_REQUESTED, payload)),
+                                    reports=joined))
+            self._pending_retry = False
+            self._abort_owner(cause)
+            return
         if not effective:
             return
         reports: _Reports | None = None
@@ -716,6 +737,11 @@ class ModelAgent:
             self._insert(_Entry(report="inbox", reports=reports))
             self._insert(_Entry(report="context", reports=reports))
         self._pending_retry = False
+        self._abort_owner(cause)
+
+    def _abort_owner(self, cause: CancelCause) -> None:
+        """§16.2 step 4, §16.3, P5: abort the current controller, if any, with the cause;
+        the first cause wins and ``abort`` is queued once per controller."""
         owner = self._owner
         if owner is not None and owner.reason is None:
             owner.reason = cause
@@ -781,14 +807,14 @@ class ModelAgent:
     def _continue_or_idle(self) -> Proc:
         """§12.7 (and the wake's claim, §6.2): claim the head of ``queued`` while a waking
         item is queued, within one running interval; otherwise clear ``busy`` and emit
-        ``idle`` (only if busy). While disposing, never claim: issue
-        ``cancel(disposed)`` first (project decision for §17.1 step 2)."""
+        ``idle`` (only if busy). While disposing, never claim (project decision for §17.1
+        step 2): a waking item found here is discarded by ``cancel(disposed)`` and the loop
+        "then finds nothing" at once -- before that cancel's discard notifications are
+        delivered."""
         while True:
+            if self._disposing and self._has_waking():
+                self._cancel(CancelCause("disposed"), keep_inbox=False)
             if self._has_waking():
-                if self._disposing:
-                    self._cancel(CancelCause("disposed"), keep_inbox=False)
-                    yield None
-                    continue
                 yield from self._admission()
                 continue
             if self._busy:
@@ -943,6 +969,9 @@ class ModelAgent:
             if outcome.max_tokens:  # §14.3
                 self._reason = {"kind": "max-tokens"}
             if outcome.concluded:
+                # §19 (step/end observers: "the turn ends aborted at the next check"), §16.4:
+                # the signal is checked before the loop is left.
+                self._check(controller)
                 return
             if outcome.continue_turn or any(item.steering for item in self._outbox):
                 continue
@@ -955,6 +984,8 @@ class ModelAgent:
             self._check(controller)
             took_steering = yield from self._drain(None)
             if not took_steering:
+                # §19 (observers of the turn-stopping drain: "turn/end(aborted)"), §16.4.
+                self._check(controller)
                 return
 
     def _fail(self, controller: _Controller, stop: _Stop) -> Proc:
@@ -981,7 +1012,7 @@ class ModelAgent:
             self._reason = {"kind": "error", "step": self._step,
                             "failure": failure.with_message(error.rendered()).to_json()}
             self._settle = {"kind": "error", "error": error.to_json(),
-                            "failure": failure.to_json()}
+                            "failure": self._reason["failure"]}
         else:  # §15.3
             self._reason = {"kind": "error", "step": self._step, "message": error.rendered()}
             if error.code is not None:
@@ -1088,8 +1119,10 @@ class ModelAgent:
         if not self._header_logged:
             seed: JsonLike = dict(self.config.request_options)
         else:
+            # A header appended by extension code may lack a config: the seed is then an
+            # empty config (project choice; §9.6 assumes one).
             last = self.log.last_header
-            seed = last.get("config") if last is not None else None
+            seed = last.get("config", FrozenDict()) if last is not None else FrozenDict()
         effect = self._request(REQUEST, turn=self._turn, step=self._step,
                                signal=controller.signal, config=seed, system=system)
         yield None
@@ -1126,7 +1159,8 @@ class ModelAgent:
         content: list[Frozen] = []
         seqs: list[int] = []
         finish: FrozenDict | None = None
-        previous_type: str | None = None
+        previous_type: str | None = None  # the type of the last content-carrying chunk
+        chunk: FrozenDict | None = None
         while True:
             completion = yield _Wait(frozenset({effect}))
             if isinstance(completion, Raise):
@@ -1152,13 +1186,13 @@ class ModelAgent:
             try:  # step 2
                 chunk = validate_chunk(completion.chunk)
                 problem = _chunk_problem(chunk)
-                if problem is not None:
-                    raise ValidationError("", problem)
             except ValidationError as exc:
+                problem = f"invalid chunk: {exc}"
+            if problem is not None:
                 self._release(effect)
                 yield None
-                raise _generic(f"invalid chunk: {exc}", "InvalidChunkError",
-                               "INVALID_CHUNK") from None
+                raise _generic(problem, "InvalidChunkError", "INVALID_CHUNK")
+            assert chunk is not None
             event = self._append(ASSISTANT_CHUNK, {"turn": self._turn, "step": self._step,
                                                    "chunk": chunk})  # step 3
             seqs.append(event.seq)
@@ -1182,7 +1216,8 @@ class ModelAgent:
             elif chunk_type == "finish":
                 finish = chunk
             assert isinstance(chunk_type, str)
-            previous_type = chunk_type
+            if chunk_type in ("text", "reasoning", "tool-call", "block"):
+                previous_type = chunk_type  # chunks that carry no content do not break a run
         kind = finish["kind"]
         assert isinstance(kind, str)
         if kind in ("error", "aborted"):  # a request failure (§9.7, §13.1)
@@ -1237,30 +1272,47 @@ class ModelAgent:
             assert isinstance(arguments, str)
             calls.append(_Call(call_id, name, _plan_arguments(arguments)))
         state = _BatchState(calls)
-        limit = self.config.max_parallel_tool_calls
-        while state.next_start < len(calls) and state.failure is None \
-                and controller.reason is None:
-            in_pool = self._is_parallel(calls[state.next_start])  # §10.2: a new group
-            yield from self._start(controller, state)
+        while (state.next_start < len(calls) and state.failed_at() is None
+               and controller.reason is None):
+            # §10.2: a new group. An exclusive call is a group of one; a parallel-safe call
+            # opens a pool over the following calls while they stay parallel-safe.
+            in_pool = self._is_parallel(calls[state.next_start])
+            limit = self.config.max_parallel_tool_calls if in_pool else 1
+            group_start = state.next_start
+            group_open = True
             while True:
                 yield from self._commit_ready(controller, state)
-                if (in_pool and state.failure is None and controller.reason is None
-                        and state.next_start < len(calls)
-                        and self._is_parallel(calls[state.next_start])
-                        and state.inflight() < limit):
+                # §10.2/§10.3: start calls up to the limit, then commit (no commit between
+                # starts); §10.7/§10.9: no start once aborted or failed.
+                while (group_open and state.failed_at() is None and controller.reason is None
+                       and state.inflight() < limit and state.next_start < len(calls)):
+                    call = calls[state.next_start]
+                    if state.next_start > group_start and not (in_pool and self._is_parallel(call)):
+                        group_open = False
+                        break
                     yield from self._start(controller, state)
-                    continue
+                    if not in_pool:
+                        group_open = False
+                yield from self._commit_ready(controller, state)
                 if state.inflight() == 0:
-                    break
-                yield from self._settle_one(controller, state)
-        if state.failure is not None:  # §10.9
-            raise _Stop("generic", state.failure)
-        for call in calls[state.next_start:]:  # §10.7: synthetic pairs
-            call_event = self._append(TOOL_CALL, self._call_data(call))
-            call.call_seq = call_event.seq
-            yield None
-            self._append_synthetic(call, "ABORTED_BEFORE_DISPATCH", ABORTED_BEFORE_DISPATCH_TEXT)
-            yield None
+                    if (state.failed_at() is not None or controller.reason is not None
+                            or not group_open or state.next_start >= len(calls)):
+                        break
+                    continue
+                yield from self._settle_one(controller, state)  # calls already dispatched are awaited
+        failed_at = state.failed_at()
+        if failed_at is not None:  # §10.9
+            error = calls[failed_at].error
+            assert error is not None
+            raise _Stop("generic", error)
+        if controller.reason is not None:  # §10.7: synthetic pairs for every unstarted call
+            for call in calls[state.next_start:]:
+                call_event = self._append(TOOL_CALL, self._call_data(call))
+                call.call_seq = call_event.seq
+                yield None
+                self._append_synthetic(call, "ABORTED_BEFORE_DISPATCH",
+                                       ABORTED_BEFORE_DISPATCH_TEXT)
+                yield None
         return state.concluded
 
     def _call_data(self, call: _Call) -> dict[str, JsonLike]:
@@ -1272,6 +1324,18 @@ class ModelAgent:
         """P4: the payload of the tool stages."""
         return {"turn": self._turn, "step": self._step, "signal": controller.signal,
                 "callId": call.call_id, "name": call.name, "arguments": call.arguments}
+
+    @staticmethod
+    def _validate_result(call: _Call, value: JsonLike) -> ToolResult | None:
+        """§1.19, §10.9, D5: a tool result is validated when it is supplied; an invalid
+        one fails the call (code ``INVALID_TOOL_RESULT``)."""
+        try:
+            return ToolResult.from_json(value)
+        except ValidationError as exc:
+            call.state = "failed"
+            call.error = ErrorInfo(message=f"invalid tool result: {exc}",
+                                   name="InvalidToolResultError", code="INVALID_TOOL_RESULT")
+            return None
 
     def _start(self, controller: _Controller, state: _BatchState) -> Proc:
         """§10.3: append ``tool/call``; run prepare alone; a final result settles the call;
@@ -1285,46 +1349,53 @@ class ModelAgent:
         effect = self._request(TOOL_PREPARE, **self._stage_payload(controller, call))
         yield None
         completion = yield _Wait(frozenset({effect}))
-        if isinstance(completion, Raise):
+        if isinstance(completion, Raise):  # §10.9: a runner stage raised
             call.state = "failed"
-            state.fail(completion.error)
+            call.error = completion.error
             return
         assert isinstance(completion, Resolve)
-        if completion.value is not None:
-            call.final = completion.value
-            call.has_final = True
-            call.state = "settled"
+        if completion.value is not None:  # a final result from prepare
+            result = self._validate_result(call, completion.value)
+            if result is not None:
+                call.result = result
+                call.from_prepare = True
+                call.state = "settled"
             return
         if controller.reason is not None:
             call.aborted_before_dispatch = True
             call.state = "settled"
             return
         call.execute_effect = self._request(TOOL_EXECUTE, **self._stage_payload(controller, call))
-        call.executed = True
         call.state = "inflight"
         yield None
 
     def _settle_one(self, controller: _Controller, state: _BatchState) -> Proc:
-        """§10.2, §10.11, P6: wait for the next in-flight execute settlement (arrival order)
-        and note whether the signal was aborted at that settlement."""
+        """§10.2, §10.11, P6: wait for the next in-flight execute settlement (arrival order),
+        note whether the signal was aborted at that settlement, validate the body's
+        result (D5)."""
         waiting = frozenset(c.execute_effect for c in state.calls
                             if c.state == "inflight" and c.execute_effect is not None)
         completion = yield _Wait(waiting)
         assert completion is not None
         call = next(c for c in state.calls if c.execute_effect == completion.effect)
+        call.aborted_at_settlement = controller.reason is not None
         if isinstance(completion, Raise):
             call.state = "failed"
-            state.fail(completion.error)
+            call.error = completion.error
             return
         assert isinstance(completion, Resolve)
-        call.body = completion.value
-        call.aborted_at_settlement = controller.reason is not None
-        call.state = "settled"
+        result = self._validate_result(call, completion.value)
+        if result is not None:
+            call.result = result
+            call.state = "settled"
 
     def _commit_ready(self, controller: _Controller, state: _BatchState) -> Proc:
         """§10.4, §10.9: commit settled calls strictly in model order; stop at the first
-        call that is not settled (or failed)."""
+        call that is not settled, and never commit the failing call or a later one."""
         while state.next_commit < state.next_start:
+            failed_at = state.failed_at()
+            if failed_at is not None and state.next_commit >= failed_at:
+                return
             call = state.calls[state.next_commit]
             if call.state != "settled":
                 return
@@ -1336,33 +1407,31 @@ class ModelAgent:
     def _commit(self, controller: _Controller, state: _BatchState, call: _Call
                 ) -> Generator[_Wait | None, Completion | None, bool]:
         """§10.4 steps 1–5, §10.10, §10.11: finalize (executed calls), validate, append
-        ``tool/result``, stage contexts, note ``concludesTurn``."""
+        ``tool/result``, stage contexts, note ``concludesTurn``. False if the call failed."""
         if call.aborted_before_dispatch:
             self._append_synthetic(call, "ABORTED_BEFORE_DISPATCH", ABORTED_BEFORE_DISPATCH_TEXT)
             call.state = "committed"
             yield None
             return True
-        value: JsonLike = call.final
-        if call.executed:
+        body = call.result
+        assert body is not None
+        result = body
+        if not call.from_prepare:
             payload = self._stage_payload(controller, call)
-            payload["result"] = call.body
+            payload["result"] = body.to_json()
             effect = self._request(TOOL_FINALIZE, **payload)
             yield None
             completion = yield _Wait(frozenset({effect}))
             if isinstance(completion, Raise):
                 call.state = "failed"
-                state.fail(completion.error)
+                call.error = completion.error
                 return False
             assert isinstance(completion, Resolve)
-            value = completion.value
-        try:
-            result = ToolResult.from_json(value)
-        except ValidationError as exc:
-            call.state = "failed"
-            state.fail(ErrorInfo(message=f"invalid tool result: {exc}",
-                                 name="InvalidToolResultError", code="INVALID_TOOL_RESULT"))
-            return False
-        if call.executed and call.aborted_at_settlement and not _is_error_result(call.body):
+            finalized = self._validate_result(call, completion.value)
+            if finalized is None:
+                return False
+            result = finalized
+        if not call.from_prepare and call.aborted_at_settlement and not body.is_error:
             self._append_synthetic(call, "ABORTED", ABORTED_TEXT)  # §10.11
             yield None
         else:
@@ -1408,13 +1477,15 @@ class _BatchState:
     next_start: int = 0
     next_commit: int = 0
     concluded: bool = False
-    failure: ErrorInfo | None = None
 
     def inflight(self) -> int:
         """§10.2: calls started and not yet settled (dispatched executes)."""
         return sum(1 for call in self.calls if call.state == "inflight")
 
-    def fail(self, error: ErrorInfo) -> None:
-        """§10.9: the first failure is the one that propagates."""
-        if self.failure is None:
-            self.failure = error
+    def failed_at(self) -> int | None:
+        """§10.9: the first failing call in model order (its failure propagates, and it and
+        every later call get no tool/result)."""
+        for index, call in enumerate(self.calls):
+            if call.state == "failed":
+                return index
+        return None

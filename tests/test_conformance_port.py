@@ -99,9 +99,11 @@ def test_a_reply_that_is_not_json_is_a_port_failure_with_its_line() -> None:
 
 
 def test_a_silent_port_times_out_and_is_restarted() -> None:
-    status, out, _ = run_check([A1, A5], wrong_port("--bug", "hang"), timeout=0.3)
+    # 2 s, not less: the handshake of a slow-starting port on a loaded CI machine must not
+    # be mistaken for the hang this test provokes.
+    status, out, _ = run_check([A1, A5], wrong_port("--bug", "hang"), timeout=2.0)
     assert status == 4
-    assert out.count('no reply within 0.3s in reply to {"op":"pull","max":6}') == 2
+    assert out.count('no reply within 2s in reply to {"op":"pull","max":6}') == 2
     assert out.endswith("0 passed, 2 failed\n")
 
 

@@ -24,7 +24,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from hypothesis import HealthCheck, note, settings
+import pytest
+from hypothesis import HealthCheck, event, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -58,11 +59,11 @@ from model import ModelAgent
 # --------------------------------------------------------------------------
 
 settings.register_profile(
-    "differential-ci", max_examples=350, stateful_step_count=60, deadline=None,
+    "differential-ci", max_examples=1200, stateful_step_count=60, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                            HealthCheck.filter_too_much])
 settings.register_profile(
-    "differential-deep", max_examples=20_000, stateful_step_count=120, deadline=None,
+    "differential-deep", max_examples=10_000, stateful_step_count=120, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                            HealthCheck.filter_too_much])
 PROFILE = ("differential-deep" if os.environ.get("TURNSTILE_PROFILE") == "deep"
@@ -153,6 +154,8 @@ CHUNKS: list[JsonLike] = [
     {"type": "tool-call", "id": "c3", "name": "par2", "arguments": "not json"},
     {"type": "block", "block": {"type": "x-annotation", "note": 1}},
     {"type": "x-meta", "value": 1},
+]
+FINISH_CHUNKS: list[JsonLike] = [
     {"type": "finish", "kind": "stop"},
     {"type": "finish", "kind": "stop", "usage": {"inputTokens": 1}},
     {"type": "finish", "kind": "max-tokens"},
@@ -161,12 +164,22 @@ CHUNKS: list[JsonLike] = [
     {"type": "finish", "kind": "aborted"},
     {"type": "finish", "kind": "aborted", "failure": {"message": "stopped", "code": "ABORTED"}},
 ]
+CHUNKS += FINISH_CHUNKS
 INVALID_CHUNKS: list[JsonLike] = [
     {"no": "type"}, {"type": "finish", "kind": "weird"}, {"type": "text"},
     {"type": "tool-call", "id": "", "name": "exc", "arguments": "{}"},
     {"type": "finish", "kind": "error"}, {"type": "block", "block": {"type": ""}},
     {"type": "finish", "kind": "stop", "usage": 3},
+    {"type": "block"},
 ]
+
+# Inputs that once triggered machine bugs (FIXED_MACHINE_BUGS below), now ordinary inputs.
+INVALID_CHUNKS.append({"type": "tool-call", "id": "c9", "name": "exc"})
+CHUNKS.append({"type": "block", "block": {"type": "text", "text": "in a block"}})
+
+#: Inputs that trigger machine bugs reported and not yet fixed (KNOWN_MACHINE_BUGS below) are
+#: left out of the random inputs, and their differences tolerated, unless TURNSTILE_DIFF_KNOWN=1.
+INCLUDE_KNOWN = os.environ.get("TURNSTILE_DIFF_KNOWN") == "1"
 
 
 def tool_results(valid: bool = True) -> st.SearchStrategy[JsonLike]:
@@ -216,6 +229,9 @@ def output_json(output: Output | None) -> JsonLike:
     return output.to_json()
 
 
+APPEND_KINDS = ["um", "um-invalid", "marker", "turn-start", "turn-end", "step-end", "chunk",
+                "steering", "header", "header-no-config", "todo", "not-started"]
+
 STATE_FIELDS = ("status", "accepts_next_step", "pending_queued", "pending_steering",
                 "pending_context", "wake_pending", "retry_pending", "is_quiescent", "disposed")
 
@@ -237,6 +253,7 @@ class DifferentialMachine(RuleBasedStateMachine):
         # §20.1 invariants, checked on the (identical) outputs.
         self.last_status: str | None = None
         self.enqueued: set[str] = set()
+        self.placement: dict[str, str] = {}
         self.inbox_done: set[str] = set()
         self.contexts_seen: set[str] = set()
         self.queue_empty = True
@@ -261,6 +278,10 @@ class DifferentialMachine(RuleBasedStateMachine):
 
     def fail(self, what: str) -> None:
         note(f"differential input sequence: {self.report()}")
+        dump = os.environ.get("TURNSTILE_DIFF_DUMP")
+        if dump:  # the last (shrunk) failure wins
+            with open(dump, "w", encoding="utf-8") as file:
+                file.write(self.report())
         raise Divergence(what)
 
     # -- driving both sides ---------------------------------------------------------
@@ -292,7 +313,7 @@ class DifferentialMachine(RuleBasedStateMachine):
             a = self.core.next_output()
             b = self.model.next_output()
             ja, jb = output_json(a), output_json(b)
-            if ja != jb:
+            if ja != jb and not self.known_bug(ja, jb):
                 self.fail(f"output #{self.pulled} differs:\n machine: {ja}\n model:   {jb}")
             if a is None:
                 self.queue_empty = True
@@ -300,6 +321,12 @@ class DifferentialMachine(RuleBasedStateMachine):
             self.pulled += 1
             self.observe(a)
         self.compare_state()
+
+    def known_bug(self, machine: JsonLike, model: JsonLike) -> bool:
+        """Tolerate exactly the differences of KNOWN_MACHINE_BUGS, unless
+        TURNSTILE_DIFF_KNOWN=1. None at present: a new entry gets a narrow check here (an
+        earlier one accepted a discard whose only difference was the queued/steering order)."""
+        return False
 
     def observe(self, output: Output) -> None:
         """Track outstanding effects and check the §20.1 invariants on one output."""
@@ -322,6 +349,7 @@ class DifferentialMachine(RuleBasedStateMachine):
                 self.last_status = payload["status"]
             elif kind == "agent/inbox/enqueue":
                 self.enqueued.add(payload["message"]["id"])
+                self.placement[payload["message"]["id"]] = payload["placement"]
             elif kind in ("agent/inbox/dequeue", "agent/inbox/discard"):
                 messages = payload.get("messages") or [payload.get("message")]
                 for message in messages:
@@ -352,6 +380,33 @@ class DifferentialMachine(RuleBasedStateMachine):
         lb = [e.to_json() for e in self.model.log.events]
         if la != lb:
             self.fail(f"logs differ:\n machine: {la}\n model:   {lb}")
+
+    def teardown(self) -> None:
+        """Label what the example reached (shown by --hypothesis-show-statistics)."""
+        if not hasattr(self, "core"):
+            return
+        events = self.core.log.events
+        kinds = {e.type for e in events}
+        turns = sum(1 for e in events if e.type == "turn/start")
+        event(f"turns: {min(turns, 3)}{'+' if turns >= 3 else ''}")
+        for label, present in (
+                ("tool/result", "tool/result" in kinds),
+                ("steering/message", "steering/message" in kinds),
+                ("retry turn", any(e.type == "turn/start" and e.data["trigger"] == {"kind": "retry"}
+                                   for e in events)),
+                ("aborted/disposed turn", any(e.type == "turn/end" and e.data["reason"]["kind"]
+                                              in ("aborted", "disposed") for e in events)),
+                ("error turn", any(e.type == "turn/end" and e.data["reason"]["kind"] == "error"
+                                   for e in events)),
+                ("max-tokens turn", any(e.type == "turn/end"
+                                        and e.data["reason"]["kind"] == "max-tokens"
+                                        for e in events)),
+                ("synthetic tool result", any(e.type == "tool/result" and "error" in e.data
+                                              and str(e.data["error"]).find("AbortError") >= 0
+                                              for e in events)),
+                ("disposed (teardown)", self.core.disposed)):
+            if present:
+                event(label)
 
     @invariant()
     def window_closed_when_idle(self) -> None:
@@ -411,14 +466,21 @@ class DifferentialMachine(RuleBasedStateMachine):
         self.queue_empty = False
         self.feed(Cancel(cause, keep_inbox))
 
-    @rule()
     def dispose(self) -> None:
         self.queue_empty = False
         self.feed(Dispose())
 
-    @rule(kind=st.sampled_from(["um", "um-invalid", "marker", "turn-start", "turn-end",
-                                "step-end", "chunk", "steering", "header", "todo",
-                                "not-started"]))
+    @rule(data=st.data(), which=st.sampled_from(["dispose"] + ["refused"] * 9 + ["append"] * 20))
+    def rare(self, data: st.DataObject, which: str) -> None:
+        """Less frequent inputs: dispose (it ends the run), refused completions, appends."""
+        if which == "dispose":
+            self.dispose()
+        elif which == "refused":
+            self.refused_completion(data, data.draw(st.sampled_from(
+                ["unknown", "finished", "wrong-kind", "not-error"])))
+        else:
+            self.append(data.draw(st.sampled_from(APPEND_KINDS)))
+
     def append(self, kind: str) -> None:
         log = self.core.log
         turn = log.open_turn if log.open_turn is not None else log.last_turn
@@ -445,6 +507,8 @@ class DifferentialMachine(RuleBasedStateMachine):
             item = Append("request/header", {"header": {"config": {"provider": "p",
                                                                    "model": "ext"}},
                                              "reason": "change"})
+        elif kind == "header-no-config":
+            item = Append("request/header", {"header": {"system": "x"}, "reason": "change"})
         elif kind == "todo":
             item = Append("todo/write", {"todos": []})
         else:
@@ -488,7 +552,7 @@ class DifferentialMachine(RuleBasedStateMachine):
             return {**value, "additionalContexts": self.contexts()}
         return value
 
-    def happy_value(self, effect: int, kind: str) -> list[Input]:
+    def happy_value(self, data: st.DataObject, effect: int, kind: str) -> list[Input]:
         payload = self.payloads[effect]
         if kind == "prompt-submit":
             return [Resolve(effect, {"kind": "allow"})]
@@ -500,8 +564,12 @@ class DifferentialMachine(RuleBasedStateMachine):
             return [Resolve(effect, {"config": thaw(config) if valid
                                      else {"provider": "p", "model": "m"}})]
         if kind == "model":
-            return [Chunk(effect, {"type": "text", "text": "ok"}),
-                    Chunk(effect, {"type": "finish", "kind": "stop"}), End(effect)]
+            names = data.draw(st.lists(st.sampled_from(TOOLS), max_size=3))
+            chunks: list[JsonLike] = [{"type": "text", "text": "ok"}]
+            chunks += [{"type": "tool-call", "id": f"c{i + 1}", "name": name, "arguments": "{}"}
+                       for i, name in enumerate(names)]
+            chunks.append({"type": "finish", "kind": "stop"})
+            return [*(Chunk(effect, c) for c in chunks), End(effect)]
         if kind == "tool-execute":
             return [Resolve(effect, {"content": [_text_block("ok")]})]
         if kind == "tool-finalize":
@@ -509,14 +577,21 @@ class DifferentialMachine(RuleBasedStateMachine):
         return [Resolve(effect, None)]
 
     @precondition(lambda self: bool(self.outstanding))
-    @rule(data=st.data(), oldest=st.booleans())
-    def complete_happily(self, data: st.DataObject, oldest: bool) -> None:
-        """Answer an outstanding effect the way a well-behaved environment would."""
-        ids = sorted(self.outstanding)
-        effect = ids[0] if oldest else data.draw(st.sampled_from(ids))
-        for item in self.happy_value(effect, self.outstanding[effect]):
-            self.complete(effect, item)
-        self.pull(400)
+    @rule(data=st.data(), oldest=st.booleans(), count=st.integers(1, 8))
+    def complete_happily(self, data: st.DataObject, oldest: bool, count: int) -> None:
+        """Answer outstanding effects the way a well-behaved environment would, pulling
+        every output after each answer."""
+        self._complete_happily(data, oldest, count)
+
+    def _complete_happily(self, data: st.DataObject, oldest: bool, count: int) -> None:
+        for _ in range(count):
+            if not self.outstanding:
+                return
+            ids = sorted(self.outstanding)
+            effect = ids[0] if oldest else data.draw(st.sampled_from(ids))
+            for item in self.happy_value(data, effect, self.outstanding[effect]):
+                self.complete(effect, item)
+            self.pull(400)
 
     @precondition(lambda self: bool(self.outstanding))
     @rule(data=st.data())
@@ -582,14 +657,12 @@ class DifferentialMachine(RuleBasedStateMachine):
         for index, (name, arguments) in enumerate(calls):
             chunks.append({"type": "tool-call", "id": f"c{index + 1}", "name": name,
                            "arguments": arguments})
-        chunks.append(data.draw(st.sampled_from(CHUNKS[8:])))
+        chunks.append(data.draw(st.sampled_from(FINISH_CHUNKS)))
         for chunk in chunks:
             self.complete(effect, Chunk(effect, chunk))
         if data.draw(st.integers(0, 4)) != 0:
             self.complete(effect, End(effect))
 
-    @rule(data=st.data(), how=st.sampled_from(["unknown", "finished", "wrong-kind",
-                                               "not-error"]))
     def refused_completion(self, data: st.DataObject, how: str) -> None:
         """P10: refused completions raise ProtocolError and change nothing."""
         before = (len(self.core.log), self.core.status)
@@ -618,7 +691,21 @@ class DifferentialMachine(RuleBasedStateMachine):
             self.fail("a refused completion changed the state")
 
 
-DifferentialMachine.TestCase.settings = settings.get_profile(PROFILE)
+# Rule weights: Hypothesis picks rules uniformly, so the inputs that drive the loop forward
+# are registered under several names.
+_happy = rule(data=st.data(), oldest=st.booleans(), count=st.integers(1, 8))(
+    DifferentialMachine._complete_happily)
+DifferentialMachine.complete_happily_2 = precondition(  # type: ignore[attr-defined]
+    lambda self: bool(self.outstanding))(_happy)
+DifferentialMachine.complete_happily_3 = precondition(  # type: ignore[attr-defined]
+    lambda self: bool(self.outstanding))(_happy)
+DifferentialMachine.send_preset_2 = DifferentialMachine.send_preset  # type: ignore[attr-defined]
+DifferentialMachine.model_reply_2 = DifferentialMachine.model_reply  # type: ignore[attr-defined]
+
+_examples = os.environ.get("TURNSTILE_DIFF_EXAMPLES")  # an explicit size wins over the profile
+DifferentialMachine.TestCase.settings = (
+    settings(settings.get_profile(PROFILE), max_examples=int(_examples)) if _examples
+    else settings.get_profile(PROFILE))
 TestDifferential = DifferentialMachine.TestCase
 
 
@@ -655,3 +742,143 @@ def replay(document: str | dict[str, Any]) -> tuple[list[JsonLike], list[JsonLik
                 _ = exc
     pull_to(doc["pulled"] + 1)
     return outputs
+
+
+# --------------------------------------------------------------------------
+# Known machine bugs: minimal replays, pinned as strict xfails. When the machine is fixed,
+# the xfail turns into an XPASS (a failure under strict=True): remove the entry and its
+# exclusion from the random inputs.
+# --------------------------------------------------------------------------
+
+def _m(message_id: str) -> dict[str, JsonLike]:
+    return {"id": message_id, "role": "user", "content": [_text_block(message_id)],
+            "source": {"kind": "user"}}
+
+
+def _turn_to_model_call(extra: list[dict[str, JsonLike]], pulled: int) -> dict[str, Any]:
+    """followup, wake, allow, step, system prompt, request; then *extra* on the model call
+    (effect 5), fed once output 12 (the model effect) has been pulled."""
+    inputs: list[dict[str, JsonLike]] = [
+        {"in": "followup", "message": _m("go"), "when": 0},
+        {"in": "resolve", "effect": 0, "value": None, "when": 1},
+        {"in": "resolve", "effect": 1, "value": {"kind": "allow"}, "when": 4},
+        {"in": "resolve", "effect": 2, "value": None, "when": 8},
+        {"in": "resolve", "effect": 3, "value": None, "when": 9},
+        {"in": "resolve", "effect": 4, "value": {"config": {"provider": "p", "model": "m"}},
+         "when": 11},
+    ]
+    inputs += [{**item, "effect": 5, "when": 13} for item in extra]
+    return {"config": {"max_parallel": 1, "publish": False, "seeded": False},
+            "inputs": inputs, "pulled": pulled}
+
+
+KNOWN_MACHINE_BUGS: dict[str, dict[str, Any]] = {
+    # Empty: the three bugs this test found (P12 tool-call chunk without arguments, P12 a
+    # text chunk after a block chunk, P7 discard order) are fixed; their reproductions
+    # are regression tests below (test_fixed_machine_bug).
+}
+FIXED_MACHINE_BUGS: dict[str, dict[str, Any]] = {
+    # P12: "a tool-call chunk without ... string arguments ... is an invalid chunk".
+    # The machine accepts the chunk and folds arguments "".
+    "tool-call-chunk-without-arguments": _turn_to_model_call(
+        [{"in": "chunk", "chunk": {"type": "tool-call", "id": "c1", "name": "t"}}], 16),
+    # P12: a block chunk adds its block "as is"; only consecutive text chunks extend a text
+    # block. The machine extends the block chunk's text block with the next text chunk.
+    "block-chunk-then-text-chunk": _turn_to_model_call(
+        [{"in": "chunk", "chunk": {"type": "block", "block": _text_block("B")}},
+         {"in": "chunk", "chunk": _text_block("T")},
+         {"in": "chunk", "chunk": {"type": "finish", "kind": "stop"}},
+         {"in": "end"}], 20),
+    # §3.1, §16.2 steps 1-2, P7: input queued by a cancel-requested observer is cleared by
+    # the same cancel as a *queued* item: queued items, then steering items. The machine
+    # lists it after the steering items.
+    "p7-discard-order": {
+        "config": {"max_parallel": 1, "publish": False, "seeded": False},
+        "inputs": [{"in": "followup", "message": _m("m1"), "when": 0},
+                   {"in": "resolve", "effect": 0, "value": None, "when": 1},
+                   {"in": "steer", "message": _m("s1"), "when": 5},
+                   {"in": "followup", "message": _m("q1"), "when": 5},
+                   {"in": "cancel", "cause": {"kind": "user"}, "when": 5},
+                   {"in": "followup", "message": _m("q2"), "when": 8}],
+        "pulled": 12},
+}
+
+
+@pytest.mark.parametrize("name", sorted(KNOWN_MACHINE_BUGS))
+@pytest.mark.xfail(strict=True, reason="known machine bug, reported (see KNOWN_MACHINE_BUGS)")
+def test_known_machine_bug(name: str) -> None:
+    machine_outputs, model_outputs = replay(KNOWN_MACHINE_BUGS[name])
+    assert machine_outputs == model_outputs
+
+
+@pytest.mark.parametrize("name", sorted(FIXED_MACHINE_BUGS))
+def test_fixed_machine_bug(name: str) -> None:
+    """Regression: the reproductions of machine bugs this test found, now fixed."""
+    machine_outputs, model_outputs = replay(FIXED_MACHINE_BUGS[name])
+    assert machine_outputs == model_outputs
+
+
+# --------------------------------------------------------------------------
+# Values that are not JSON-compatible cannot appear in a JSON trace, so the random test
+# never produces them; these lockstep checks cover them.
+# --------------------------------------------------------------------------
+
+def _lockstep(answer: Callable[[Any, Effect], None], pulls: int = 200
+              ) -> tuple[list[JsonLike], list[JsonLike]]:
+    """Drive both sides: followup('go'), then answer every effect with *answer*."""
+    outputs: tuple[list[JsonLike], list[JsonLike]] = ([], [])
+    config = make_config({"max_parallel": 2, "publish": False, "seeded": False})
+    for side, out in ((AgentCore(config, log=new_log(False)), outputs[0]),
+                      (ModelAgent(config, log=new_log(False)), outputs[1])):
+        side.followup(_m("go"))
+        for _ in range(pulls):
+            output = side.next_output()
+            if output is None:
+                break
+            out.append(output_json(output))
+            if isinstance(output, Effect):
+                try:
+                    answer(side, output)
+                except Exception as exc:  # both sides must refuse alike: recorded
+                    out.append({"raised": type(exc).__name__})
+    return outputs
+
+
+def _happy(side: Any, effect: Effect) -> None:
+    if effect.kind == "model":
+        for chunk in ({"type": "tool-call", "id": "c1", "name": "par", "arguments": "{}"},
+                      {"type": "finish", "kind": "stop"}):
+            side.chunk(effect.id, chunk)
+        side.end(effect.id)
+    elif effect.kind == "request":
+        side.resolve(effect.id, {"config": {"provider": "p", "model": "m"}})
+    elif effect.kind == "prompt-submit":
+        side.resolve(effect.id, {"kind": "allow"})
+    elif effect.kind == "tool-execute":
+        side.resolve(effect.id, {"content": [_text_block("ok")]})
+    elif effect.kind == "tool-finalize":
+        side.resolve(effect.id, thaw(effect.payload["result"]))
+    else:
+        side.resolve(effect.id, None)
+
+
+@pytest.mark.parametrize("case", ["system-prompt-set", "tool-result-tuple", "decision-nan",
+                                  "finalize-bytes"])
+def test_non_json_values_agree(case: str) -> None:
+    def answer(side: Any, effect: Effect) -> None:
+        if case == "system-prompt-set" and effect.kind == "system-prompt":
+            side.resolve(effect.id, {"parts": {"a", "b"}})
+        elif case == "tool-result-tuple" and effect.kind == "tool-execute":
+            side.resolve(effect.id, {"content": [_text_block("ok")], "meta": (1, 2)})
+        elif case == "decision-nan" and effect.kind == "prompt-submit":
+            side.resolve(effect.id, {"kind": "allow", "content": [{"type": "text",
+                                                                   "text": float("nan")}]})
+        elif case == "finalize-bytes" and effect.kind == "tool-finalize":
+            side.resolve(effect.id, {"content": [{"type": "text", "text": b"x"}]})
+        else:
+            _happy(side, effect)
+
+    machine_outputs, model_outputs = _lockstep(answer)
+    assert machine_outputs == model_outputs
+    assert any(isinstance(o, dict) and o.get("type") in ("agent/error", "agent/warning")
+               for o in machine_outputs)

@@ -10,25 +10,37 @@ import os
 
 import pytest
 
-from machine.core import AgentCore
-from machine.explore import COMMANDS, Explorer, state_key
+from machine.core import AgentCore, CoreConfig
+from machine.explore import COMMANDS, Explorer, _counter, state_key
 from machine.invariants import AgentInvariantError, InvariantMonitor, next_status_ok, window_ok
+from model import ModelAgent
+
+EXPLORE_CONFIG = CoreConfig(request_options={"provider": "p", "model": "m"}, publish=False)
 
 DEEP = os.environ.get("TURNSTILE_PROFILE") == "deep"
 DEFAULT_DEPTH = 9 if DEEP else 7
 ALL_COMMANDS_DEPTH = 7 if DEEP else 5
 
 
-def test_R20_1_exhaustive_default_alphabet_has_no_violation() -> None:
-    result = Explorer().run(DEFAULT_DEPTH)
-    assert result.failure is None, f"{result.failure}\n{result.failure.steps if result.failure else ''}"
-    assert result.states > 10_000 if not DEEP else result.states > 1_000_000
+def _model() -> ModelAgent:
+    return ModelAgent(EXPLORE_CONFIG, clock=_counter())
 
 
-def test_R20_1_exhaustive_all_commands_has_no_violation() -> None:
-    result = Explorer(commands=tuple(COMMANDS)).run(ALL_COMMANDS_DEPTH)
+def test_R20_1_exhaustive_default_alphabet_machine_equals_model() -> None:
+    """Every state reachable in DEFAULT_DEPTH decisions: invariants hold and the reference
+    model produces the same outputs and read-only state."""
+    result = Explorer(config=EXPLORE_CONFIG, other=_model).run(DEFAULT_DEPTH)
     assert result.failure is None, f"{result.failure}\n{result.failure.steps if result.failure else ''}"
-    assert result.states > 5_000
+    assert result.states > 40_000 if not DEEP else result.states > 1_000_000
+    print(f"\nexplore depth {DEFAULT_DEPTH}: {result.states} states, "
+          f"{result.states_per_second:,.0f} states/s")
+
+
+def test_R20_1_exhaustive_all_commands_machine_equals_model() -> None:
+    result = Explorer(config=EXPLORE_CONFIG, commands=tuple(COMMANDS), other=_model).run(
+        ALL_COMMANDS_DEPTH)
+    assert result.failure is None, f"{result.failure}\n{result.failure.steps if result.failure else ''}"
+    assert result.states > 10_000
 
 
 def test_explorer_catches_a_planted_context_loss(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -39,7 +51,7 @@ def test_explorer_catches_a_planted_context_loss(monkeypatch: pytest.MonkeyPatch
     def lossy(self: AgentCore, inbox_slot: object, context_slot: object) -> None:
         original(self, inbox_slot, context_slot)  # type: ignore[arg-type]
         if context_slot is not None:
-            context_slot.messages.clear()  # type: ignore[attr-defined]
+            context_slot.queued.clear()  # type: ignore[attr-defined]
 
     monkeypatch.setattr(AgentCore, "_clear_into", lossy)
     result = Explorer().run(6)

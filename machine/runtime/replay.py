@@ -391,7 +391,15 @@ def script_inputs(script: Script) -> list[Placed]:
         value = dict(item.value)
         if item.selector is not None:
             value["effect"] = item.selector
-        placed.append(Placed(value, item.when, item.path))
+        when = item.when
+        if isinstance(when, Mapping) and "pulled" in when:
+            # An exact position: after N outputs, as an observer of the N-th; "drained" means
+            # after the pull that found nothing, which is where the runtime has settled.
+            pulled = when["pulled"]
+            assert isinstance(pulled, int)
+            placed.append(Placed(value, None if when.get("drained") else pulled, item.path))
+            continue
+        placed.append(Placed(value, when, item.path))
     return placed
 
 

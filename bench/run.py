@@ -1,0 +1,226 @@
+"""Run every benchmark and write BENCHMARKS.md: ``python -m bench.run [--quick]`` (``make bench``).
+
+Each item runs in its own Python process (``--item``), so one item's heap and
+garbage never weigh on the next one's timings; ``--in-process`` runs them all
+here instead (the smoke test does, with ``--quick``). ``--quick`` uses tiny
+sizes: it checks that the harness works and its figures mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench.common import Section, load_text, machine_description
+
+ROOT = Path(__file__).resolve().parents[1]
+ITEMS = ("throughput", "runtime", "dispatch", "explore", "oracle", "stores", "memory")
+
+
+def run_item(name: str, quick: bool, context: dict[str, Any], options: argparse.Namespace
+             ) -> Section:
+    """Run one item in this process."""
+    if name == "throughput":
+        from bench import throughput
+        return throughput.run(quick)
+    if name == "runtime":
+        from bench import runtime_async
+        runs = context.get("throughput", {}).get("runs", {})
+        core_us = {key: value["us_per_event"] for key, value in runs.items()}
+        return runtime_async.run(quick, core_us=core_us)
+    if name == "dispatch":
+        from bench import dispatch
+        return dispatch.run(quick)
+    if name == "explore":
+        from bench import exploration
+        return exploration.run(quick, budget=options.explore_budget)
+    if name == "oracle":
+        from bench import oracle
+        return oracle.run(quick)
+    if name == "stores":
+        from bench import stores
+        return stores.run(quick)
+    if name == "memory":
+        from bench import memory
+        return memory.run(quick)
+    raise ValueError(f"unknown item {name!r}; known: {', '.join(ITEMS)}")
+
+
+def _section_from_json(value: dict[str, Any]) -> Section:
+    tables = [(caption, list(headers), [list(row) for row in rows])
+              for caption, headers, rows in value.pop("tables", [])]
+    return Section(**value, tables=tables)
+
+
+def run_subprocess(name: str, quick: bool, context: dict[str, Any],
+                   options: argparse.Namespace) -> Section:
+    """Run one item in a fresh interpreter and read its section back."""
+    with tempfile.TemporaryDirectory(prefix="turnstile-bench-") as scratch:
+        result = Path(scratch) / "result.json"
+        given = Path(scratch) / "context.json"
+        given.write_text(json.dumps(context), encoding="utf-8")
+        command = [sys.executable, "-m", "bench.run", "--item", name, "--result", str(result),
+                   "--context", str(given)]
+        if quick:
+            command.append("--quick")
+        if options.explore_budget is not None:
+            command += ["--explore-budget", str(options.explore_budget)]
+        subprocess.run(command, cwd=ROOT, check=True)
+        return _section_from_json(json.loads(result.read_text(encoding="utf-8")))
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def summary(sections: dict[str, Section]) -> list[str]:
+    """The headline figures (only those of the items that ran)."""
+    lines = ["| figure | value |", "|---|---:|"]
+
+    def add(label: str, value: str) -> None:
+        lines.append(f"| {label} | {value} |")
+
+    if "throughput" in sections:
+        figures = sections["throughput"].figures
+        runs, flat = figures["runs"], figures["flatness"]
+        largest = max(int(key.split("/")[1]) for key in runs)
+        for workload in ("W1", "W2", "W3"):
+            cell = runs[f"{workload}/{largest}"]
+            add(f"core {workload}, {largest:,} turns", f"{cell['turns_per_s']:,.0f} turns/s, "
+                f"{cell['events_per_s']:,.0f} events/s, {cell['us_per_event']:.1f} µs/event")
+        add("flatness (turns/s largest N ÷ smallest N, need ≥ 0.8)",
+            ", ".join(f"{w} {flat[w]:.2f}" for w in ("W1", "W2", "W3")))
+    if "runtime" in sections:
+        runs = sections["runtime"].figures["runs"]
+        largest = max(int(key.split("/")[1]) for key in runs)
+        add(f"asyncio runtime, {largest:,} turns", ", ".join(
+            f"{w} {runs[f'{w}/{largest}']['turns_per_s']:,.0f} turns/s" for w in ("W1", "W2", "W3")))
+    if "dispatch" in sections:
+        figures = sections["dispatch"].figures
+        add("compiled table ÷ plain dict, per transition",
+            ", ".join(f"{name} × {value['ratio']:.1f}" for name, value in figures.items()))
+    if "explore" in sections:
+        figures = sections["explore"].figures
+        done = [d for d, f in figures.items() if f["exhausted"]]
+        if done:
+            deepest = max(done, key=int)
+            f = figures[deepest]
+            add(f"exploration, deepest exhausted depth ({deepest})",
+                f"{f['states']:,} states in {f['seconds']:.0f} s ({f['states_per_s']:,.0f} states/s)")
+    if "oracle" in sections:
+        figures = sections["oracle"].figures
+        add(f"verify-trace, {figures['lines']:,}-event trace",
+            f"{figures['verify_events_per_s']:,.0f} events/s")
+        add("turnstile check", f"{figures['vectors_per_s']:,.0f} vectors/s")
+    if "stores" in sections:
+        figures = sections["stores"].figures
+        add("JSONL appends/s (fsync at each turn / no fsync)",
+            f"{figures['append/JSONL/fsync']:,.0f} / {figures['append/JSONL/no fsync']:,.0f}")
+        add("SQLite appends/s (fsync at each turn / no fsync)",
+            f"{figures['append/SQLite/fsync']:,.0f} / {figures['append/SQLite/no fsync']:,.0f}")
+        add("load + repair of the crashed ~1M-event session (JSONL / SQLite)",
+            f"{figures['load/JSONL']:.1f} s / {figures['load/SQLite']:.1f} s")
+    if "memory" in sections:
+        figures = sections["memory"].figures
+        events = [v for key, values in figures.items() if key.startswith("event/")
+                  for v in values]
+        add("bytes per retained durable event", f"{min(events):,.0f}–{max(events):,.0f}")
+        add("bytes per queued prompt / staged context",
+            f"{figures['queued'][-1]:,.0f} / {figures['staged'][-1]:,.0f}")
+    return lines
+
+
+def render(sections: dict[str, Section], *, quick: bool, started: str, load_start: str,
+           seconds: float) -> str:
+    head = _git("rev-parse", "--short", "HEAD")
+    dirty = " (with uncommitted changes)" if _git("status", "--porcelain", "--", "machine") else ""
+    lines = ["# Benchmarks", "",
+             "Generated by `make bench` (`python -m bench.run`); do not edit by hand. "
+             "Every figure is a wall-clock measurement on the machine below unless it says "
+             "otherwise; on a shared machine, compare the CPU-time columns and the load average.",
+             ""]
+    if quick:
+        lines += ["**QUICK RUN (`--quick`): tiny sizes, to check the harness only. These figures "
+                  "mean nothing.**", ""]
+    lines += ["## Machine", "", "| | |", "|---|---|"]
+    lines += [f"| {key} | {value} |" for key, value in machine_description()]
+    lines += [f"| load average (1/5/15 min) at start | {load_start} |",
+              f"| load average at end | {load_text()} |",
+              f"| started | {started} |",
+              f"| total run time | {seconds / 60:.1f} min |",
+              f"| code | {head}{dirty} |", ""]
+    lines += ["## Summary", "", *summary(sections), ""]
+    for name in ITEMS:
+        if name in sections:
+            lines.append(sections[name].markdown())
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    parser.add_argument("--only", metavar="ITEMS",
+                        help=f"comma-separated items to run (default all: {','.join(ITEMS)})")
+    parser.add_argument("--out", metavar="FILE", default=None,
+                        help="where to write the report (default BENCHMARKS.md; with "
+                             "--quick, BENCHMARKS.quick.md in the temporary directory)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run the items in this process instead of one process each")
+    parser.add_argument("--explore-budget", type=float, default=None, metavar="SECONDS",
+                        help="time budget of each exploration depth (0: exhaust every depth)")
+    parser.add_argument("--item", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--context", help=argparse.SUPPRESS)
+    options = parser.parse_args(argv)
+
+    if options.item:                       # a child process: one item, result as JSON
+        given = (json.loads(Path(options.context).read_text(encoding="utf-8"))
+                 if options.context else {})
+        section = run_item(options.item, options.quick, given, options)
+        Path(options.result).write_text(json.dumps(asdict(section)), encoding="utf-8")
+        return 0
+
+    names = ITEMS if not options.only else tuple(n.strip() for n in options.only.split(","))
+    unknown = [n for n in names if n not in ITEMS]
+    if unknown:
+        parser.error(f"unknown item(s) {', '.join(unknown)}; known: {', '.join(ITEMS)}")
+    out = Path(options.out) if options.out else (
+        Path(tempfile.gettempdir()) / "BENCHMARKS.quick.md" if options.quick
+        else ROOT / "BENCHMARKS.md")
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    load_start = load_text()
+    start = time.perf_counter()
+    runner: Callable[[str, bool, dict[str, Any], argparse.Namespace], Section] = (
+        run_item if options.in_process else run_subprocess)
+    sections: dict[str, Section] = {}
+    context: dict[str, Any] = {}
+    for name in names:
+        print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        section = runner(name, options.quick, context, options)
+        sections[name] = section
+        context[name] = section.figures
+        print(f"bench: {name} done in {section.seconds:.0f} s (load {load_text()})",
+              file=sys.stderr, flush=True)
+    text = render(sections, quick=options.quick, started=started, load_start=load_start,
+                  seconds=time.perf_counter() - start)
+    out.write_text(text, encoding="utf-8")
+    print(f"bench: wrote {os.path.relpath(out)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
