@@ -599,8 +599,7 @@ class ModelAgent:
     def _release(self, effect: int) -> None:
         """P5: stop consuming a model stream: count the effect as completed, drop its
         buffered chunks and queue ``release`` -- unless the environment had already
-        completed the stream (``end`` or ``raise`` received): then there is nothing left to
-        release (project reading of P5)."""
+        completed the stream (``end`` or ``raise`` received): then nothing is queued (P5)."""
         record = self._effects[effect]
         already_complete = record.done
         record.done = True
