@@ -568,8 +568,15 @@ class DifferentialMachine(RuleBasedStateMachine):
             chunks: list[JsonLike] = [{"type": "text", "text": "ok"}]
             chunks += [{"type": "tool-call", "id": f"c{i + 1}", "name": name, "arguments": "{}"}
                        for i, name in enumerate(names)]
-            chunks.append({"type": "finish", "kind": "stop"})
+            chunks.append(data.draw(st.sampled_from(
+                [{"type": "finish", "kind": "stop"}] * 7
+                + [{"type": "finish", "kind": "max-tokens"},
+                   {"type": "finish", "kind": "error",
+                    "failure": {"message": "overloaded", "code": "OVERLOADED"}},
+                   {"type": "finish", "kind": "aborted"}])))
             return [*(Chunk(effect, c) for c in chunks), End(effect)]
+        if kind == "request-error":  # authorize a retry half of the time (§13)
+            return [Resolve(effect, data.draw(st.sampled_from([None, {"kind": "retry"}])))]
         if kind == "tool-execute":
             return [Resolve(effect, {"content": [_text_block("ok")]})]
         if kind == "tool-finalize":
