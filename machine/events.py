@@ -10,10 +10,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeAlias
 
 from machine.errors import CodecError, ValidationError
-from machine.jsonvalue import Frozen, FrozenDict, FrozenList, JsonLike, freeze, thaw
+from machine.jsonvalue import (
+    Frozen,
+    FrozenDict,
+    FrozenList,
+    JsonLike,
+    compact_json,
+    freeze,
+    frozen_from_json,
+    thaw,
+)
 
 # Durable event types of the core catalog (rule E1).
 TURN_START: Final = "turn/start"
@@ -160,6 +169,30 @@ class Event:
                        value.get("surfaceOp"), value.get("sourceEventSeqs"))
         except ValidationError as exc:
             raise _rebase_codec(exc, "event", path) from None
+
+
+#: A durable event in compact form: (type, seq, time, data as compact JSON text, surfaceOp,
+#: sourceEventSeqs as a plain tuple). Why: a tuple of strings and numbers is not tracked by
+#: CPython's cyclic garbage collector, which otherwise walks every retained event (about
+#: five objects each) at every full collection, so that the cost per turn would grow with
+#: the session; it also takes less memory. The session log and the in-memory store keep
+#: events in this form (specs/log.md, L1).
+EventRecord: TypeAlias = "tuple[str, int, int | float, str, Frozen, tuple[int, ...] | None]"
+
+
+def event_record(event: Event) -> EventRecord:
+    """The compact form of *event* (`event_from_record` gives back an equal Event)."""
+    seqs = event.source_event_seqs
+    return (event.type, event.seq, event.time, compact_json(event.data), event.surface_op,
+            None if seqs is None else tuple(seqs))  # type: ignore[arg-type]
+
+
+def event_from_record(record: EventRecord) -> Event:
+    """The Event a record was made from (equal to it; its data the same JSON value)."""
+    type_, seq, time, text, op, seqs = record
+    data = frozen_from_json(text)
+    assert type(data) is FrozenDict
+    return Event(type_, seq, time, data, op, None if seqs is None else FrozenList._adopt(seqs))
 
 
 @dataclass(frozen=True, slots=True)

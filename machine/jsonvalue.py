@@ -15,8 +15,9 @@ Both compare equal to plain dicts and lists with the same JSON content.
 from __future__ import annotations
 
 import json
+import json.encoder
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeAlias, TypeVar, overload
 
 from machine.errors import NotJsonCompatibleError
@@ -279,7 +280,8 @@ def thaw(value: Frozen) -> Any:
 
 
 def canonical_json(value: Frozen | JsonLike) -> str:
-    """Canonical JSON text: sorted keys, no spaces (used to compare headers)."""
+    """Canonical JSON text: sorted keys, no spaces, non-ASCII characters kept as they are
+    (not escaped); equal texts mean equal JSON values (see `same_json`)."""
     return json.dumps(thaw(value) if isinstance(value, (FrozenDict, FrozenList)) else value,
                       sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False)
@@ -311,6 +313,66 @@ def same_json(a: Frozen, b: Frozen) -> bool:
         assert isinstance(a, float) and isinstance(b, float)
         return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
     return a == b
+
+
+def _plain_mapping(value: object) -> dict[str, Frozen]:
+    """The JSON encoder's fallback: a FrozenDict's own plain dict (no copy)."""
+    if type(value) is FrozenDict:
+        return value._data
+    raise TypeError(f"a {type(value).__name__} is not a frozen JSON value")
+
+
+def _compact_encoder() -> Callable[[Frozen], str]:
+    """Compact JSON text of a frozen value (no spaces, keys in insertion order, NaN refused)."""
+    # Why: the C encoder built once and called directly costs half of `JSONEncoder.encode`,
+    # which builds it again at every call; the log encodes every committed event.
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython always has the C accelerator
+        return json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False,
+                                check_circular=False, default=_plain_mapping).encode
+    chunks = make(None, _plain_mapping, json.encoder.encode_basestring, None, ":", ",",
+                  False, False, False)
+    join = "".join
+
+    def encode(value: Frozen) -> str:
+        return join(chunks(value, 0))
+
+    return encode
+
+
+_COMPACT = _compact_encoder()
+
+
+def compact_json(value: Frozen) -> str:
+    """Compact JSON text of a frozen value, for `frozen_from_json` to rebuild it exactly.
+
+    Frozen values are acyclic and hold only JSON scalars, so the text is exact: ints stay
+    ints, floats round-trip through their repr, and key order is kept.
+    """
+    return _COMPACT(value)
+
+
+def _frozen_array(items: list[Any]) -> FrozenList:
+    return FrozenList._adopt([_frozen_array(item) if type(item) is list else item
+                              for item in items])
+
+
+def _frozen_object(data: dict[str, Any]) -> FrozenDict:
+    # Why: the decoder hands over each object innermost first, so nested objects are
+    # frozen already; only arrays (which the decoder builds as lists) remain.
+    for key, item in data.items():
+        if type(item) is list:
+            data[key] = _frozen_array(item)
+    return FrozenDict._adopt(data)
+
+
+_DECODE = json.JSONDecoder(object_hook=_frozen_object).decode
+
+
+def frozen_from_json(text: str) -> Frozen:
+    """The frozen value of JSON text written by `compact_json` (trusted: not re-validated)."""
+    value = _DECODE(text)
+    return _frozen_array(value) if type(value) is list else value
 
 
 def is_mapping(value: Frozen) -> bool:

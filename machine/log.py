@@ -37,9 +37,17 @@ from machine.events import (
     TURN_START,
     USER_MESSAGE,
     Event,
+    EventRecord,
+    event_from_record,
+    event_record,
     surface_op_problem,
 )
-from machine.jsonvalue import Frozen, FrozenDict, FrozenList, freeze
+from machine.jsonvalue import (
+    Frozen,
+    FrozenDict,
+    FrozenList,
+    freeze,
+)
 from machine.vocabulary import (
     ErrorInfo,
     Message,
@@ -146,7 +154,50 @@ class _Prefix(Sequence[T]):
         return hash(tuple(self))
 
     def __repr__(self) -> str:
-        return f"({', '.join(repr(item) for item in self)})"
+        return repr(tuple(self))
+
+
+class _Events(Sequence[Event]):
+    """An immutable view of the first *length* committed events (rebuilt from records)."""
+
+    __slots__ = ("_length", "_records")
+
+    def __init__(self, records: list[EventRecord], length: int) -> None:
+        self._records = records
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> Event: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Event, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Event | tuple[Event, ...]:
+        if isinstance(index, slice):
+            return tuple(map(event_from_record, self._records[: self._length][index]))
+        position = index + self._length if index < 0 else index
+        if not 0 <= position < self._length:
+            raise IndexError("view index out of range")
+        return event_from_record(self._records[position])
+
+    def __iter__(self) -> Iterator[Event]:
+        records = self._records
+        for position in range(self._length):
+            yield event_from_record(records[position])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(other) == self._length and all(a == b for a, b in zip(self, other, strict=False))
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
 
 
 # --------------------------------------------------------------------------
@@ -278,7 +329,7 @@ class SessionLog:
     def __init__(self, events: Iterable[Event] = (), *,
                  clock: Callable[[], float] | None = None) -> None:
         self._clock: Callable[[], float] = clock if clock is not None else _wall_clock_ms
-        self._events: list[Event] = []
+        self._records: list[EventRecord] = []
         self._rules: dict[str, EventRule] = {}
         # Incremental checker state (L4–L8): O(1) per append.
         self._open_turn: int | None = None
@@ -308,10 +359,10 @@ class SessionLog:
     # -- read-only state ---------------------------------------------------
 
     def __len__(self) -> int:
-        return len(self._events)
+        return len(self._records)
 
     def __getitem__(self, index: int) -> Event:
-        return self._events[index]
+        return event_from_record(self._records[index])
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self.events)
@@ -319,7 +370,7 @@ class SessionLog:
     @property
     def events(self) -> Sequence[Event]:
         """An immutable snapshot of the committed events."""
-        return _Prefix(self._events, len(self._events))
+        return _Events(self._records, len(self._records))
 
     @property
     def open_turn(self) -> int | None:
@@ -389,7 +440,7 @@ class SessionLog:
             message = checked[4]        # checked by `check` just before (see there)
         else:
             message = self._verdict(type, frozen_data, frozen_op, frozen_seqs)
-        event = Event(type, len(self._events), self._clock(), frozen_data, frozen_op, frozen_seqs)
+        event = Event(type, len(self._records), self._clock(), frozen_data, frozen_op, frozen_seqs)
         self._store(event, message)
         return event
 
@@ -424,7 +475,8 @@ class SessionLog:
 
     def derive_messages(self, end: int | None = None) -> tuple[Message, ...]:
         """The derived history (§21.2) of the events with seq < *end* (all if None)."""
-        return derive_history(self._events if end is None else self._events[:max(end, 0)])
+        events = self.events
+        return derive_history(events if end is None else events[:max(end, 0)])
 
     def history(self, end: int) -> Sequence[Message]:
         """An immutable view equal to ``derive_messages(end)``, in O(log n)."""
@@ -453,7 +505,7 @@ class SessionLog:
 
     def _replay(self, event: Event) -> None:
         """Check and store an already stamped event (seeds and validators, L14)."""
-        expected = len(self._events)
+        expected = len(self._records)
         if event.seq != expected:
             _fail("L1", f"{event.type}: expected seq {expected}, got {event.seq}")
         if isinstance(event.time, bool) or not isinstance(event.time, (int, float)):
@@ -469,7 +521,7 @@ class SessionLog:
     def _store(self, event: Event, message: Message | None) -> None:
         """Commit a checked event and advance the incremental state."""
         self._checked = None        # the state changes: an earlier check no longer holds
-        self._events.append(event)
+        self._records.append(event_record(event))
         data = event.data
         kind = event.type
         if kind == TURN_START:
@@ -516,7 +568,7 @@ class SessionLog:
     def _verdict(self, type_: str, data: FrozenDict, op: Frozen,
                  seqs: FrozenList | None) -> Message | None:
         """Raise InvariantError if the event may not come next; else its surface message."""
-        next_seq = len(self._events)
+        next_seq = len(self._records)
         # L3: the envelope.
         if not isinstance(type_, str) or not type_:
             _fail("L3", "the event type must be a non-empty string")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -14,8 +15,9 @@ from hypothesis import strategies as st
 
 from machine.errors import InvariantError, ValidationError
 from machine.events import Event
-from machine.jsonvalue import FrozenDict
+from machine.jsonvalue import FrozenDict, freeze, same_json
 from machine.log import SessionLog, Violation, derive_history, validate_events
+from machine.strategies import json_objects
 from machine.vocabulary import Message, tool_result_block, user_message
 
 # --------------------------------------------------------------------------
@@ -136,7 +138,37 @@ def test_L1_seq_is_the_index_contiguous_from_zero() -> None:
     events = [user(log, "a"), turn_start(log, 1), step_start(log, 1, 1)]
     assert [e.seq for e in events] == [0, 1, 2]
     assert [log[i] for i in range(3)] == events == list(log.events)
-    assert len(log) == 3 and log[-1] is events[-1]
+    assert len(log) == 3 and log[-1] == events[-1]
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=json_objects(max_leaves=12))
+def test_L1_an_event_read_back_is_the_same_json_value(data: dict[str, Any]) -> None:
+    # The log retains events compactly (specs/log.md, L1): what comes back must be the
+    # same JSON value, with ints, floats (and their sign), strings and key order intact.
+    log = new_log()
+    committed = log.append("x.ext/any", data)
+    again = log[0]
+    assert again == committed and same_json(again.data, freeze(data))
+    assert list(again.data) == list(committed.data)
+    assert log.events[0] == committed and list(log) == [committed]
+
+
+def test_L1_retained_events_add_no_garbage_collector_work() -> None:
+    # Memory and GC cost per event independent of the session's length (specs/log.md, L1;
+    # BENCHMARKS.md item 1): committed events are kept as untracked records, so a
+    # thousand events add (almost) nothing for the cyclic collector to walk.
+    log = new_log()
+    turn_start(log, 1)
+    gc.collect()
+    before = len(gc.get_objects())
+    for step in range(1, 501):
+        step_start(log, 1, step)
+        step_end(log, 1, step)
+    gc.collect()
+    assert len(log) == 1001
+    assert len(gc.get_objects()) - before < 50
+    assert log[1000] == Event("step/end", 1000, log[1000].time, freeze({"turn": 1, "step": 500}))
 
 
 def test_L1_time_comes_from_the_injected_clock() -> None:
@@ -205,7 +237,7 @@ def test_L2_commit_checks_but_does_not_deliver() -> None:
     seen: list[Event] = []
     log.subscribe(seen.append)
     event = log.commit("turn/start", {"turn": 1, "trigger": {"kind": "retry"}})
-    assert log[0] is event and seen == []
+    assert log[0] == event and seen == []
     with pytest.raises(InvariantError):
         log.commit("turn/start", {"turn": 2, "trigger": {"kind": "retry"}})
     assert len(log) == 1
@@ -670,7 +702,7 @@ def test_L11_observer_exceptions_are_contained_and_cannot_veto(
     log.subscribe(lambda e: later.append(e.seq))
     with caplog.at_level(logging.WARNING, logger="turnstile"):
         event = turn_start(log, 1)
-    assert log[0] is event and log.open_turn == 1
+    assert log[0] == event and log.open_turn == 1
     assert later == [0]
     assert any("observer exploded" in r.getMessage() and "turn/start" in r.getMessage()
                and r.levelno == logging.WARNING for r in caplog.records)
@@ -924,7 +956,7 @@ def test_G2_checks_run_before_commit_and_leave_no_trace(
     log.subscribe(failing)
     with caplog.at_level(logging.WARNING, logger="turnstile"):
         event = step_end(log, 1, 2)
-    assert log[-1] is event and "boom" in caplog.text
+    assert log[-1] == event and "boom" in caplog.text
 
 
 # --------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from machine.events import Event
+from machine.events import Event, EventRecord, event_from_record, event_record
 from machine.store.types import SessionStore as StoreBackend
 
 __all__ = ["InMemorySessionStore", "PersistentSession", "SessionStore"]
@@ -27,23 +27,36 @@ class SessionStore(Protocol):
 
 
 class InMemorySessionStore:
-    """The default store: keeps the events; ``durable`` is the prefix made durable by a flush."""
+    """The default store: keeps the events; ``durable`` is the prefix made durable by a flush.
+
+    Events are kept in compact form (`machine.events.EventRecord`, as the session log keeps
+    them), so a long session costs the garbage collector nothing per event; ``events`` and
+    ``durable`` give back equal `Event` objects."""
 
     def __init__(self) -> None:
-        self.events: list[Event] = []
+        self._records: list[EventRecord] = []
         self.flushes = 0
         self._durable = 0
 
     def append(self, event: Event) -> None:
-        self.events.append(event)
+        self._records.append(event_record(event))
 
     async def flush(self) -> None:
         self.flushes += 1
-        self._durable = len(self.events)
+        self._durable = len(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    @property
+    def events(self) -> list[Event]:
+        """Every appended event, in order (a new list)."""
+        return [event_from_record(record) for record in self._records]
 
     @property
     def durable(self) -> list[Event]:
-        return self.events[:self._durable]
+        """The events appended before the last flush (a new list)."""
+        return [event_from_record(record) for record in self._records[:self._durable]]
 
 
 class PersistentSession:
