@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from dataclasses import replace as replace_fields
-from typing import Final, NoReturn, TypeAlias, TypeVar, overload
+from typing import Final, Generic, NoReturn, TypeAlias, TypeVar, overload
 
 from machine.errors import InvariantError, ValidationError
 from machine.events import (
@@ -110,8 +110,12 @@ def _problem_text(error: InvariantError) -> str:
 T = TypeVar("T")
 
 
-class _Prefix(Sequence[T]):
-    """An immutable view of the first *length* items of an append-only list.
+S = TypeVar("S")
+
+
+class _View(Sequence[T], Generic[S, T]):
+    """An immutable view of the first *length* items of an append-only list of stored
+    items (`S`), each shown as `_show(item)` (`T`).
 
     The log only ever appends to the lists these views wrap (and builds a new
     list where it would have to change one), so a view never changes.
@@ -119,9 +123,13 @@ class _Prefix(Sequence[T]):
 
     __slots__ = ("_items", "_length")
 
-    def __init__(self, items: list[T], length: int) -> None:
+    def __init__(self, items: list[S], length: int) -> None:
         self._items = items
         self._length = length
+
+    @staticmethod
+    def _show(item: S) -> T:
+        raise NotImplementedError
 
     def __len__(self) -> int:
         return self._length
@@ -134,16 +142,14 @@ class _Prefix(Sequence[T]):
 
     def __getitem__(self, index: int | slice) -> T | tuple[T, ...]:
         if isinstance(index, slice):
-            return tuple(self._items[: self._length][index])
+            return tuple(map(self._show, self._items[: self._length][index]))
         position = index + self._length if index < 0 else index
         if not 0 <= position < self._length:
             raise IndexError("view index out of range")
-        return self._items[position]
+        return self._show(self._items[position])
 
     def __iter__(self) -> Iterator[T]:
-        items = self._items
-        for position in range(self._length):
-            yield items[position]
+        return map(self._show, self._items[: self._length])
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
@@ -157,47 +163,27 @@ class _Prefix(Sequence[T]):
         return repr(tuple(self))
 
 
-class _Events(Sequence[Event]):
-    """An immutable view of the first *length* committed events (rebuilt from records)."""
+class _Prefix(_View[T, T]):
+    """A view of items shown as they are (the derived history's messages)."""
 
-    __slots__ = ("_length", "_records")
+    __slots__ = ()
 
-    def __init__(self, records: list[EventRecord], length: int) -> None:
-        self._records = records
-        self._length = length
+    @staticmethod
+    def _show(item: T) -> T:
+        return item
 
-    def __len__(self) -> int:
-        return self._length
+    def __iter__(self) -> Iterator[T]:
+        return iter(self._items[: self._length])  # Why: no call per item
 
-    @overload
-    def __getitem__(self, index: int) -> Event: ...
 
-    @overload
-    def __getitem__(self, index: slice) -> tuple[Event, ...]: ...
+class _Events(_View[EventRecord, Event]):
+    """A view of the committed events, rebuilt from their compact records."""
 
-    def __getitem__(self, index: int | slice) -> Event | tuple[Event, ...]:
-        if isinstance(index, slice):
-            return tuple(map(event_from_record, self._records[: self._length][index]))
-        position = index + self._length if index < 0 else index
-        if not 0 <= position < self._length:
-            raise IndexError("view index out of range")
-        return event_from_record(self._records[position])
+    __slots__ = ()
 
-    def __iter__(self) -> Iterator[Event]:
-        records = self._records
-        for position in range(self._length):
-            yield event_from_record(records[position])
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
-            return NotImplemented
-        return len(other) == self._length and all(a == b for a, b in zip(self, other, strict=False))
-
-    def __hash__(self) -> int:
-        return hash(tuple(self))
-
-    def __repr__(self) -> str:
-        return repr(tuple(self))
+    @staticmethod
+    def _show(item: EventRecord) -> Event:
+        return event_from_record(item)
 
 
 # --------------------------------------------------------------------------

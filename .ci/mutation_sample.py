@@ -1,0 +1,158 @@
+"""Stratified random sampling of mutmut's unevaluated mutants, and the score estimate.
+
+A full mutmut run over machine/ (about 7,000 mutants, many of whose test selections
+include the 50-second exploration test) takes hours on a 2-core machine. This script
+picks a reproducible random sample of the mutants mutmut has not evaluated yet,
+stratified by module, so that `mutmut run NAMES...` evaluates a representative part;
+`estimate` then combines the exact results of every evaluated mutant with the
+sample's kill rate per module (specs/ASSURANCE.md, "Mutation score").
+
+    python .ci/mutation_sample.py pick --fraction 0.12 --seed 2026 > mutants/sample.json
+    mutmut run $(python .ci/mutation_sample.py names mutants/sample.json)
+    python .ci/mutation_sample.py estimate mutants/sample.json \
+        --killed specs/mutation/killed-*.txt --equivalent specs/mutation/equivalent-*.md
+
+``--killed`` files name survivors that tests added after the run kill (each verified by
+running the new test with ``MUTANT_UNDER_TEST=NAME`` in ./mutants); they count as
+detected. ``--equivalent`` files name survivors judged equivalent (with the reason);
+they leave the count, in the evaluated part and in the sample alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import re
+import subprocess
+import sys
+from collections import Counter, defaultdict
+
+DETECTED = {"killed", "killed (added test)", "timeout", "suspicious", "segfault"}
+MUTMUT = ".venv/bin/mutmut"
+
+
+def results() -> dict[str, str]:
+    """Every mutant's status as `mutmut results --all true` reports it."""
+    text = subprocess.run([MUTMUT, "results", "--all", "true"], check=True,
+                          capture_output=True, text=True).stdout
+    statuses: dict[str, str] = {}
+    for line in text.splitlines():
+        name, _, status = line.strip().rpartition(": ")
+        if name:
+            statuses[name] = status
+    return statuses
+
+
+def module_of(name: str) -> str:
+    """`machine.core.xǁAgentCoreǁ_run__mutmut_3` -> `machine.core`."""
+    head = name.split("__mutmut_")[0]
+    parts = head.split(".")
+    return ".".join(p for p in parts if not p.startswith("x"))
+
+
+def pick(fraction: float, seed: int) -> dict[str, object]:
+    statuses = results()
+    population: dict[str, list[str]] = defaultdict(list)
+    for name, status in sorted(statuses.items()):
+        if status == "not checked":
+            population[module_of(name)].append(name)
+    rng = random.Random(seed)
+    sample = {module: sorted(rng.sample(names, max(1, round(len(names) * fraction))))
+              for module, names in sorted(population.items())}
+    return {"seed": seed, "fraction": fraction,
+            "unevaluated": {m: len(n) for m, n in population.items()}, "sample": sample}
+
+
+NAME = re.compile(r"(?:machine\.)?((?:core|decisions|events|invariants|jsonvalue|log|vocabulary"
+                  r"|machines\.\w+)\.x[\wǁ]*__mutmut_\d+)")
+#: A heading that ends the list of names in a file (cosmetic or unresolved survivors follow).
+NOT_LISTED = re.compile(r"^#+ .*(cosmetic|unresolved)", re.IGNORECASE)
+
+
+def names_in(paths: list[str]) -> set[str]:
+    """The mutant names a file lists, up to a "Cosmetic" or "Unresolved" heading."""
+    found: set[str] = set()
+    for path in paths:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                if NOT_LISTED.match(line):
+                    break
+                found.update("machine." + name for name in NAME.findall(line))
+    return found
+
+
+def estimate(plan: dict[str, object], killed: set[str] = frozenset(),  # type: ignore[assignment]
+             equivalent: set[str] = frozenset()) -> str:  # type: ignore[assignment]
+    statuses = {name: ("killed (added test)" if name in killed and status in {"survived", "no tests"}
+                       else status)
+                for name, status in results().items() if name not in equivalent}
+    unevaluated: dict[str, int] = plan["unevaluated"]  # type: ignore[assignment]
+    sample: dict[str, list[str]] = plan["sample"]  # type: ignore[assignment]
+    sampled = {name for names in sample.values() for name in names}
+    counted = [n for n in statuses if statuses[n] != "not checked" and n not in sampled]
+    lines = []
+    census = Counter(statuses[n] for n in counted)
+    census_detected = sum(census[s] for s in DETECTED)
+    census_total = sum(census.values())
+    lines.append(f"evaluated outside the sample: {census_total} mutants, detected "
+                 f"{census_detected} ({100 * census_detected / census_total:.1f}%) {dict(census)}")
+    total = census_total
+    detected = float(census_detected)
+    variance = 0.0
+    pending = 0
+    for module, names in sorted(sample.items()):
+        kept = [n for n in names if n not in equivalent]
+        done = [n for n in kept if statuses.get(n, "not checked") != "not checked"]
+        pending += len(kept) - len(done)
+        if not done:
+            continue
+        hits = sum(statuses[n] in DETECTED for n in done)
+        rate = hits / len(done)
+        # equivalent mutants found in the sample leave the stratum in proportion
+        size = round(unevaluated[module] * len(kept) / len(names))
+        total += size
+        detected += size * rate
+        # finite-population variance of the stratum total
+        correction = (size - len(done)) / max(size - 1, 1)
+        variance += size * size * rate * (1 - rate) / len(done) * correction
+        survivors = [n for n in done if statuses[n] not in DETECTED]
+        lines.append(f"{module}: sample {len(done)} of {size} unevaluated, detected {hits} "
+                     f"({100 * rate:.1f}%); not detected: {', '.join(survivors) or '-'}")
+    score = detected / total
+    margin = 1.96 * math.sqrt(variance) / total
+    lines.append(f"estimated score over all {total} mutants: {100 * score:.1f}% "
+                 f"(95% interval {100 * (score - margin):.1f}-{100 * (score + margin):.1f}%)"
+                 + (f"; {pending} sampled mutants not evaluated yet" if pending else ""))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("pick")
+    p.add_argument("--fraction", type=float, default=0.12)
+    p.add_argument("--seed", type=int, default=2026)
+    n = sub.add_parser("names")
+    n.add_argument("plan")
+    e = sub.add_parser("estimate")
+    e.add_argument("plan")
+    e.add_argument("--killed", nargs="*", default=[])
+    e.add_argument("--equivalent", nargs="*", default=[])
+    args = parser.parse_args()
+    if args.command == "pick":
+        json.dump(pick(args.fraction, args.seed), sys.stdout, indent=1)
+        print()
+    else:
+        with open(args.plan, encoding="utf-8") as handle:
+            plan = json.load(handle)
+        if args.command == "names":
+            print(" ".join(name for names in plan["sample"].values() for name in names))
+        else:
+            print(estimate(plan, names_in(args.killed), names_in(args.equivalent)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
