@@ -7,8 +7,8 @@ exercised without asserting: a log snapshot's bounds and display, error paths of
 the derived-history walk, a check's verdict not outliving a rule registration,
 open extension declarations, and the problem texts of two decoders. The mutants
 judged equivalent are listed with their reasons in
-specs/mutation-equivalent-values.md; the ones these tests kill in
-specs/mutation-killed-values.txt.
+specs/mutation/equivalent-values.md; the ones these tests kill in
+specs/mutation/killed-values.txt.
 """
 
 from __future__ import annotations
