@@ -287,7 +287,7 @@ def plan_arguments(raw: str) -> Frozen:
 
     try:
         return freeze(json.loads(raw, parse_constant=refuse), "arguments")
-    except (ValueError, ValidationError):
+    except (ValueError, ValidationError, RecursionError):  # too deep for the parser: unparsable
         return raw
 
 

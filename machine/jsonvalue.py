@@ -18,7 +18,7 @@ import json
 import json.encoder
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeAlias, TypeVar, overload
+from typing import Any, Final, TypeAlias, TypeVar, overload
 
 from machine.errors import NotJsonCompatibleError
 
@@ -183,19 +183,29 @@ _FROZEN_TYPES: frozenset[type] = frozenset({str, int, bool, type(None), FrozenDi
 JsonLike: TypeAlias = Any
 
 
+#: Arrays and objects nested deeper than this are not JSON-compatible (rule V1).
+MAX_DEPTH: Final = 128
+
+
 def freeze(value: JsonLike, path: str = "value") -> Frozen:
     """Validate that *value* is JSON-compatible and return a frozen deep copy.
 
     Raises `NotJsonCompatibleError` naming the first offending path (rule V1).
     Lists and `FrozenList`s are arrays; tuples, sets, bytes, NaN, infinities,
-    non-string keys, cycles and other objects are refused.
+    non-string keys, cycles, nesting deeper than `MAX_DEPTH` and other objects
+    are refused.
     """
     kind = type(value)
     # Why: a value frozen by its exact type needs no walk (and no cycle-tracking set).
     if kind is str or kind is int or kind is FrozenDict or kind is FrozenList or value is None \
             or kind is bool:
         return value  # type: ignore[no-any-return]
-    return _freeze(value, path, set())
+    try:
+        return _freeze(value, path, set())
+    except RecursionError:
+        # Why: called deep in a caller's stack, even MAX_DEPTH levels may exhaust Python's
+        # recursion limit; that is still a refusal of the value, never a crash.
+        raise NotJsonCompatibleError(path, "the value is nested too deeply") from None
 
 
 def _freeze(value: JsonLike, path: str, active: set[int]) -> Frozen:
@@ -232,7 +242,14 @@ def _freeze(value: JsonLike, path: str, active: set[int]) -> Frozen:
     raise NotJsonCompatibleError(path, f"a {type(value).__name__} is not JSON-compatible")
 
 
+def _too_deep(path: str) -> NotJsonCompatibleError:
+    return NotJsonCompatibleError(path, f"arrays and objects nest more than {MAX_DEPTH} levels "
+                                        "deep")
+
+
 def _freeze_list(value: list[Any], path: str, active: set[int]) -> FrozenList:
+    if len(active) >= MAX_DEPTH:  # *active* holds the arrays and objects around this one
+        raise _too_deep(path)
     # Why: a list whose items are all frozen already holds nothing to freeze and cannot
     # contain a cycle: adopt a copy as it is.
     if type(value) is list and _all_frozen_values(value):
@@ -252,6 +269,8 @@ def _freeze_list(value: list[Any], path: str, active: set[int]) -> FrozenList:
 
 
 def _freeze_dict(value: dict[Any, Any], path: str, active: set[int]) -> FrozenDict:
+    if len(active) >= MAX_DEPTH:
+        raise _too_deep(path)
     # Why: as for lists, a dict of exact str keys and frozen values is copied as it is.
     if type(value) is dict and _all_frozen_items(value):
         return FrozenDict._adopt(value.copy())

@@ -247,7 +247,7 @@ def _plan_arguments(raw: str) -> Frozen:
 
     try:
         return freeze(json.loads(raw, parse_constant=refuse))
-    except ValueError:
+    except (ValueError, RecursionError):  # V1: nested too deeply is not JSON-compatible either
         return raw
 
 

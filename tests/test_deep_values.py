@@ -1,0 +1,75 @@
+"""Deeply nested values: V1's depth bound, R10.1 and P13 (regression).
+
+Mutation analysis found that a tool-call argument string of JSON nested about
+500 levels deep made ``freeze`` exhaust Python's recursion limit: the
+``RecursionError`` escaped ``next_output()`` and left the core running with no
+way forward. V1 now bounds nesting at 128 levels (a bound every port can
+implement), and parsing that runs out of stack counts as unparsable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from scenario_helpers import Scenario
+
+from machine.errors import NotJsonCompatibleError
+from machine.jsonvalue import MAX_DEPTH, FrozenList, freeze, thaw
+from machine.scripted import calls_reply
+
+
+def nested(depth: int) -> Any:
+    value: Any = 1
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    return value
+
+
+def test_V1_nesting_up_to_the_bound_is_accepted() -> None:
+    assert MAX_DEPTH == 128
+    frozen = freeze(nested(MAX_DEPTH))
+    assert thaw(frozen) == nested(MAX_DEPTH)
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 600, 5000])
+def test_V1_deeper_nesting_is_refused_naming_where(depth: int) -> None:
+    with pytest.raises(NotJsonCompatibleError, match="nest more than 128 levels deep") as caught:
+        freeze(nested(depth), "arguments")
+    assert caught.value.path.startswith("arguments")
+
+
+def test_V1_a_frozen_container_refuses_deep_contents_too() -> None:
+    with pytest.raises(NotJsonCompatibleError):
+        FrozenList([nested(600)])
+
+
+@pytest.mark.parametrize("depth", [200, 495, 2000])
+def test_R10_1_arguments_nested_too_deeply_are_passed_on_as_the_raw_string(depth: int) -> None:
+    raw = "[" * depth + "]" * depth
+    s = Scenario(calls_reply(("c1", "t", raw)), "done")
+    s.followup("go")
+    s.run()
+    (call,) = s.of("tool/call")
+    assert call.data["arguments"] == raw
+    (execute,) = s.effects("tool-execute")
+    assert execute.payload["arguments"] == raw
+    (turn_end,) = s.of("turn/end")
+    assert thaw(turn_end.data["reason"]) == {"kind": "completed"}
+    assert s.core.status == "idle"
+    s.check()
+
+
+def test_P13_a_header_nested_too_deeply_is_a_request_config_failure_not_a_crash() -> None:
+    s = Scenario("never streamed")
+    s.handle("request", lambda _e: ("resolve", {"config": {"provider": "p", "model": "m"},
+                                                "tools": nested(600)}))
+    s.followup("go")
+    s.run()
+    (turn_end,) = s.of("turn/end")
+    reason = thaw(turn_end.data["reason"])
+    assert reason["kind"] == "error" and reason["code"] == "INVALID_REQUEST_CONFIG"
+    assert "nest more than 128 levels deep" in reason["message"]
+    assert s.effects("model") == []
+    assert s.core.status == "idle"
+    s.check()
