@@ -119,7 +119,7 @@ class Event:
         # Why: a FrozenDict (exact type) is frozen by construction, and freeze would return it
         # unchanged: skip the call. Other values are snapshotted and checked as before.
         if type(self.data) is not FrozenDict:
-            data = freeze(self.data, "event.data")
+            data = freeze(self.data, "event.data", max_depth=None)  # envelope (V1)
             if not isinstance(data, FrozenDict):
                 raise ValidationError("event.data", "must be a mapping")
             object.__setattr__(self, "data", data)
@@ -211,7 +211,7 @@ class LiveEvent:
             raise ValidationError("live.type", "must be a non-empty string")
         payload: Frozen = self.payload
         if type(payload) is not FrozenDict:  # Why: frozen by construction (see Event)
-            payload = freeze(payload, "live.payload")
+            payload = freeze(payload, "live.payload", max_depth=None)  # envelope (V1)
             if not isinstance(payload, FrozenDict):
                 raise ValidationError("live.payload", "must be a mapping")
             object.__setattr__(self, "payload", payload)

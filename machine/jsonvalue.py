@@ -185,15 +185,18 @@ JsonLike: TypeAlias = Any
 
 #: Arrays and objects nested deeper than this are not JSON-compatible (rule V1).
 MAX_DEPTH: Final = 128
+_UNBOUNDED: Final = 1 << 62
 
 
-def freeze(value: JsonLike, path: str = "value") -> Frozen:
+def freeze(value: JsonLike, path: str = "value", *, max_depth: int | None = MAX_DEPTH) -> Frozen:
     """Validate that *value* is JSON-compatible and return a frozen deep copy.
 
     Raises `NotJsonCompatibleError` naming the first offending path (rule V1).
     Lists and `FrozenList`s are arrays; tuples, sets, bytes, NaN, infinities,
-    non-string keys, cycles, nesting deeper than `MAX_DEPTH` and other objects
-    are refused.
+    non-string keys, cycles, nesting deeper than *max_depth* and other objects
+    are refused. The depth bound is for values entering from outside; the library
+    passes ``max_depth=None`` when it re-freezes its own envelopes around values that
+    were checked on entry (they may sit a few levels deeper).
     """
     kind = type(value)
     # Why: a value frozen by its exact type needs no walk (and no cycle-tracking set).
@@ -201,14 +204,14 @@ def freeze(value: JsonLike, path: str = "value") -> Frozen:
             or kind is bool:
         return value  # type: ignore[no-any-return]
     try:
-        return _freeze(value, path, set())
+        return _freeze(value, path, set(), _UNBOUNDED if max_depth is None else max_depth)
     except RecursionError:
         # Why: called deep in a caller's stack, even MAX_DEPTH levels may exhaust Python's
         # recursion limit; that is still a refusal of the value, never a crash.
         raise NotJsonCompatibleError(path, "the value is nested too deeply") from None
 
 
-def _freeze(value: JsonLike, path: str, active: set[int]) -> Frozen:
+def _freeze(value: JsonLike, path: str, active: set[int], limit: int = MAX_DEPTH) -> Frozen:
     kind = type(value)
     # Why: values that are frozen by their exact type come back as they are (as below), and
     # exact lists and dicts go straight to their branch: no walk of the isinstance chain.
@@ -216,9 +219,9 @@ def _freeze(value: JsonLike, path: str, active: set[int]) -> Frozen:
             or kind is bool:
         return value  # type: ignore[no-any-return]
     if kind is dict:
-        return _freeze_dict(value, path, active)
+        return _freeze_dict(value, path, active, limit)
     if kind is list:
-        return _freeze_list(value, path, active)
+        return _freeze_list(value, path, active, limit)
     if isinstance(value, str):
         return value if type(value) is str else str.__str__(value)
     if isinstance(value, bool):
@@ -236,9 +239,9 @@ def _freeze(value: JsonLike, path: str, active: set[int]) -> Frozen:
     if isinstance(value, (FrozenDict, FrozenList)):
         return value  # frozen by construction: already validated and immutable
     if isinstance(value, list):
-        return _freeze_list(value, path, active)
+        return _freeze_list(value, path, active, limit)
     if isinstance(value, dict):
-        return _freeze_dict(value, path, active)
+        return _freeze_dict(value, path, active, limit)
     raise NotJsonCompatibleError(path, f"a {type(value).__name__} is not JSON-compatible")
 
 
@@ -247,8 +250,8 @@ def _too_deep(path: str) -> NotJsonCompatibleError:
                                         "deep")
 
 
-def _freeze_list(value: list[Any], path: str, active: set[int]) -> FrozenList:
-    if len(active) >= MAX_DEPTH:  # *active* holds the arrays and objects around this one
+def _freeze_list(value: list[Any], path: str, active: set[int], limit: int) -> FrozenList:
+    if len(active) >= limit:  # *active* holds the arrays and objects around this one
         raise _too_deep(path)
     # Why: a list whose items are all frozen already holds nothing to freeze and cannot
     # contain a cycle: adopt a copy as it is.
@@ -262,14 +265,14 @@ def _freeze_list(value: list[Any], path: str, active: set[int]) -> FrozenList:
         # Why: a plain loop; each item is frozen here, so the list is adopted unchecked.
         items: list[Frozen] = []
         for i, item in enumerate(value):
-            items.append(_freeze(item, f"{path}[{i}]", active))
+            items.append(_freeze(item, f"{path}[{i}]", active, limit))
         return FrozenList._adopt(items)
     finally:
         active.discard(key)
 
 
-def _freeze_dict(value: dict[Any, Any], path: str, active: set[int]) -> FrozenDict:
-    if len(active) >= MAX_DEPTH:
+def _freeze_dict(value: dict[Any, Any], path: str, active: set[int], limit: int) -> FrozenDict:
+    if len(active) >= limit:
         raise _too_deep(path)
     # Why: as for lists, a dict of exact str keys and frozen values is copied as it is.
     if type(value) is dict and _all_frozen_items(value):
@@ -283,7 +286,7 @@ def _freeze_dict(value: dict[Any, Any], path: str, active: set[int]) -> FrozenDi
         for k, v in value.items():
             if not isinstance(k, str):
                 raise NotJsonCompatibleError(path, f"key {k!r} is not a string")
-            out[k] = _freeze(v, f"{path}.{k}", active)
+            out[k] = _freeze(v, f"{path}.{k}", active, limit)
         return FrozenDict(out)
     finally:
         active.discard(key)

@@ -776,10 +776,12 @@ def _freeze_envelope(data: Mapping[str, object] | Message, surface_op: object,
         elif isinstance(data, FrozenDict):
             frozen_data = data
         elif isinstance(data, Mapping):
+            # Why no depth bound: event data wraps values bounded where they entered (V1).
             frozen_data = freeze({key: _message_mapping(value) if isinstance(value, Message)
-                                  else value for key, value in data.items()}, "data")
+                                  else value for key, value in data.items()}, "data",
+                                 max_depth=None)
         else:
-            frozen_data = freeze(data, "data")
+            frozen_data = freeze(data, "data", max_depth=None)
         frozen_op = freeze(surface_op, "surfaceOp")
         frozen_seqs: Frozen = None
         if source_event_seqs is not None:

@@ -439,7 +439,7 @@ class ModelAgent:
 
     def _live(self, type_: str, **payload: JsonLike) -> None:
         """Queue a live notification (§3.1)."""
-        frozen = freeze(payload, "payload")
+        frozen = freeze(payload, "payload", max_depth=None)
         assert isinstance(frozen, FrozenDict)
         self._queue(Live(LiveEvent(type_, frozen)))
 
@@ -463,7 +463,7 @@ class ModelAgent:
         effect_id = self._next_effect
         self._next_effect += 1
         self._effects[effect_id] = _EffectRecord(kind)
-        frozen = freeze(payload, "payload")
+        frozen = freeze(payload, "payload", max_depth=None)
         assert isinstance(frozen, FrozenDict)
         history = self.log.history(history_end) if history_end is not None else None
         self._queue(Effect(effect_id, kind, frozen, history))
@@ -512,7 +512,8 @@ class ModelAgent:
 
     @staticmethod
     def _messages_payload(messages: list[Message]) -> FrozenDict:
-        frozen = freeze({"messages": [_message_json(m) for m in messages]}, "payload")
+        frozen = freeze({"messages": [_message_json(m) for m in messages]}, "payload",
+                        max_depth=None)
         assert isinstance(frozen, FrozenDict)
         return frozen
 
@@ -710,7 +711,7 @@ class ModelAgent:
             if not (effective or (not keep_inbox and held)):
                 return
             if cause.kind != "disposed":
-                payload = freeze({"cause": cause.to_json()}, "payload")
+                payload = freeze({"cause": cause.to_json()}, "payload", max_depth=None)
                 assert isinstance(payload, FrozenDict)
                 self._insert(_Entry(output=Live(LiveEvent(CANCEL_REQUESTED, payload)),
                                     reports=joined))
@@ -728,7 +729,7 @@ class ModelAgent:
             self._queued = []
             self._outbox = []
         if cause.kind != "disposed":
-            payload = freeze({"cause": cause.to_json()}, "payload")
+            payload = freeze({"cause": cause.to_json()}, "payload", max_depth=None)
             assert isinstance(payload, FrozenDict)
             self._insert(_Entry(output=Live(LiveEvent(CANCEL_REQUESTED, payload)),
                                 reports=reports))

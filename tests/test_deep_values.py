@@ -9,14 +9,16 @@ implement), and parsing that runs out of stack counts as unparsable.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from scenario_helpers import Scenario
 
+from machine.core import AgentCore, CoreConfig
 from machine.errors import NotJsonCompatibleError
 from machine.jsonvalue import MAX_DEPTH, FrozenList, freeze, thaw
-from machine.scripted import calls_reply
+from machine.scripted import Driver, ScriptedEnvironment, calls_reply, ok_result, text_reply
+from model import ModelAgent
 
 
 def nested(depth: int) -> Any:
@@ -73,3 +75,35 @@ def test_P13_a_header_nested_too_deeply_is_a_request_config_failure_not_a_crash(
     assert s.effects("model") == []
     assert s.core.status == "idle"
     s.check()
+
+
+def _deep_result_session(agent: AgentCore) -> Driver:
+    """A turn whose tool returns meta nested exactly MAX_DEPTH levels deep."""
+    deep = nested(MAX_DEPTH - 1)  # meta = {"a": deep} is MAX_DEPTH levels deep
+    env = ScriptedEnvironment(replies=[calls_reply(("c1", "t")), text_reply("done")])
+    env.handlers["tool-execute"] = lambda _e: ("resolve", ok_result(
+        "r", meta={"a": deep}, additionalContexts=[]))
+    driver = Driver(agent, env)
+    agent.followup({"id": "m1", "role": "user", "source": {"kind": "user"},
+                    "content": [{"type": "text", "text": "go"}]})
+    driver.run()
+    return driver
+
+
+def test_V1_values_at_the_bound_survive_the_envelopes_the_core_wraps_them_in() -> None:
+    # Found by mutation analysis: a tool result accepted at the bound was re-frozen inside
+    # a wrapper one level deeper, and the refusal escaped next_output().
+    driver = _deep_result_session(AgentCore(CoreConfig(), clock=lambda: 0))
+    core = driver.core
+    (result,) = [e for e in core.log if e.type == "tool/result"]
+    assert thaw(result.data["meta"]["a"]) == nested(MAX_DEPTH - 1)
+    assert [e.type for e in core.log][-1] == "turn/end"
+    assert thaw(core.log[-1].data["reason"]) == {"kind": "completed"}
+    assert core.status == "idle"
+
+
+def test_V1_the_model_agrees_on_values_at_the_bound() -> None:
+    machine = _deep_result_session(AgentCore(CoreConfig(), clock=lambda: 0))
+    model = _deep_result_session(cast(AgentCore, ModelAgent(CoreConfig(), clock=lambda: 0)))
+    assert [o for o in machine.outputs] == [o for o in model.outputs]
+    assert list(machine.core.log) == list(model.core.log)
