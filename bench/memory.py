@@ -125,8 +125,9 @@ def run(quick: bool = False) -> Section:
     spread = {key: max(v) / min(v) for key, v in figures.items()}
     section.notes.append(
         "Bytes are `tracemalloc` deltas after a full collection: everything the core keeps "
-        "alive. A durable event's bytes include its frozen data, the `Event`, and (for "
-        "message events) the derived history's `Message` — the session log is in memory.")
+        "alive. A durable event's bytes include its compact record in the session log (its "
+        "data as exact JSON text, specs/log.md L1) and, for message events, the derived "
+        "history's `Message` — the session log is in memory.")
     section.notes.append(
         "Linearity: the largest ÷ smallest bytes/item across the three sizes is "
         + ", ".join(f"{key} {value:.2f}" for key, value in spread.items())
