@@ -54,6 +54,7 @@ from machine.vocabulary import (
     TurnEndReason,
     TurnTrigger,
     message_mapping,
+    registrations,
     validate_assistant_message,
     validate_chunk,
     validate_tool_result_message,
@@ -333,8 +334,8 @@ class SessionLog:
         self._undelivered: deque[Event] = deque()
         self._delivering = False
         # The last successful `check` of a core type: (type, data, op, seqs, message).
-        self._checked: tuple[str, FrozenDict, Frozen, FrozenList | None, Message | None] | None \
-            = None
+        self._checked: tuple[str, FrozenDict, Frozen, FrozenList | None, Message | None, int
+                             ] | None = None
         for position, event in enumerate(events):
             try:
                 self._replay(event)
@@ -408,7 +409,8 @@ class SessionLog:
         # same frozen values with nothing stored in between reuses it instead of reaching it
         # twice. Only core types: their checks depend on nothing but the log and the values
         # (an extension rule is the caller's function, so it is always called again).
-        self._checked = ((type, frozen_data, frozen_op, frozen_seqs, message)
+        # A registration in between (V3, V4) may refuse what was accepted: it voids the verdict.
+        self._checked = ((type, frozen_data, frozen_op, frozen_seqs, message, registrations())
                          if type in _CORE_CHECKS else None)
 
     def commit(self, type: str, data: Mapping[str, object] | Message, *,
@@ -422,7 +424,8 @@ class SessionLog:
         frozen_data, frozen_op, frozen_seqs = _freeze_envelope(data, surface_op, source_event_seqs)
         checked, self._checked = self._checked, None
         if (checked is not None and checked[0] == type and checked[1] is frozen_data
-                and checked[2] is frozen_op and checked[3] is frozen_seqs):
+                and checked[2] is frozen_op and checked[3] is frozen_seqs
+                and checked[5] == registrations()):
             message = checked[4]        # checked by `check` just before (see there)
         else:
             message = self._verdict(type, frozen_data, frozen_op, frozen_seqs)

@@ -74,6 +74,13 @@ def _opt(fields: Mapping[str, Any], key: str, default: Any = None) -> Any:
 BlockCheck: TypeAlias = Callable[[FrozenDict], "str | None"]
 _block_checks: dict[str, BlockCheck] = {}
 _source_checks: dict[str, BlockCheck] = {}
+#: Incremented by every registration: a verdict reached before one may no longer hold.
+_registrations = 0
+
+
+def registrations() -> int:
+    """How many extension block types and source kinds have been registered so far."""
+    return _registrations
 
 
 def register_block_type(type_name: str, check: BlockCheck | None = None) -> None:
@@ -82,7 +89,9 @@ def register_block_type(type_name: str, check: BlockCheck | None = None) -> None
         raise ValidationError("type_name", "must be a non-empty string")
     if type_name in _CORE_BLOCKS:
         raise ValidationError("type_name", f"{type_name!r} is a core block type")
+    global _registrations
     _block_checks[type_name] = check or (lambda _b: None)
+    _registrations += 1
     _MAPPED.clear()  # a new check may refuse what was accepted: validate afresh
 
 
@@ -92,7 +101,9 @@ def register_source_kind(kind: str, check: BlockCheck | None = None) -> None:
         raise ValidationError("kind", "must be a non-empty string")
     if kind in _CORE_SOURCES:
         raise ValidationError("kind", f"{kind!r} is a core source kind")
+    global _registrations
     _source_checks[kind] = check or (lambda _s: None)
+    _registrations += 1
     _MAPPED.clear()  # a new check may refuse what was accepted: validate afresh
 
 

@@ -1246,3 +1246,31 @@ def iterate(log: SessionLog) -> Iterator[Event]:
 def test_iteration_and_indexing_agree() -> None:
     log = sample_log()
     assert list(iterate(log)) == [log[i] for i in range(len(log))]
+
+
+@pytest.fixture
+def restored_registries() -> Iterator[None]:
+    """Restore the extension registries after a test that registers (V3, V4)."""
+    from machine import vocabulary
+    blocks, sources = dict(vocabulary._block_checks), dict(vocabulary._source_checks)
+    yield
+    vocabulary._block_checks.clear()
+    vocabulary._block_checks.update(blocks)
+    vocabulary._source_checks.clear()
+    vocabulary._source_checks.update(sources)
+
+
+@pytest.mark.usefixtures("restored_registries")
+def test_L2_a_registration_between_check_and_commit_is_honoured() -> None:
+    # Found by review of mutation survivors: commit reused check's verdict even though a
+    # block check registered in between refuses the message (V3), breaking L2.
+    from machine.vocabulary import register_block_type
+    log = new_log()
+    data = freeze({"id": "u1", "role": "user", "content": [{"type": "x-img", "url": "u"}],
+                   "source": {"kind": "user"}})
+    log.check("user/message", data, surface_op="append")
+    register_block_type("x-img", lambda _block: "refused")
+    with pytest.raises(InvariantError, match=r"data.content\[0\]: refused") as caught:
+        log.commit("user/message", data, surface_op="append")
+    assert caught.value.rule == "L9"
+    assert len(log) == 0
