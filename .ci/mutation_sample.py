@@ -67,19 +67,25 @@ def pick(fraction: float, seed: int) -> dict[str, object]:
 
 NAME = re.compile(r"(?:machine\.)?((?:core|decisions|events|invariants|jsonvalue|log|vocabulary"
                   r"|machines\.\w+)\.x[\wǁ]*__mutmut_\d+)")
-#: A heading that ends the list of names in a file (cosmetic or unresolved survivors follow).
-NOT_LISTED = re.compile(r"^#+ .*(cosmetic|unresolved)", re.IGNORECASE)
+HEADING = re.compile(r"^#+\s")
+#: A section lists equivalent mutants when its heading says so, and nothing else.
+EQUIVALENT = re.compile(r"equivalent", re.IGNORECASE)
+NOT_EQUIVALENT = re.compile(r"unresolved|cosmetic|formerly|bug|dead", re.IGNORECASE)
 
 
-def names_in(paths: list[str]) -> set[str]:
-    """The mutant names a file lists, up to a "Cosmetic" or "Unresolved" heading."""
+def names_in(paths: list[str], *, tables_under: re.Pattern[str] | None = None) -> set[str]:
+    """The mutant names in the files; with *tables_under*, only those in table rows of
+    sections whose heading matches it (and not `NOT_EQUIVALENT`)."""
     found: set[str] = set()
     for path in paths:
+        counting = tables_under is None
         with open(path, encoding="utf-8") as handle:
             for line in handle:
-                if NOT_LISTED.match(line):
-                    break
-                found.update("machine." + name for name in NAME.findall(line))
+                if tables_under is not None and HEADING.match(line):
+                    counting = bool(tables_under.search(line)) and not NOT_EQUIVALENT.search(line)
+                    continue
+                if counting and (tables_under is None or line.startswith("|")):
+                    found.update("machine." + name for name in NAME.findall(line))
     return found
 
 
@@ -150,7 +156,8 @@ def main() -> int:
         if args.command == "names":
             print(" ".join(name for names in plan["sample"].values() for name in names))
         else:
-            print(estimate(plan, names_in(args.killed), names_in(args.equivalent)))
+            print(estimate(plan, names_in(args.killed),
+                           names_in(args.equivalent, tables_under=EQUIVALENT)))
     return 0
 
 
