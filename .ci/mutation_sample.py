@@ -108,6 +108,7 @@ def estimate(plan: dict[str, object], killed: set[str] = frozenset(),  # type: i
     detected = float(census_detected)
     variance = 0.0
     pending = 0
+    sampled_done = sampled_hits = unevaluated_total = 0
     for module, names in sorted(sample.items()):
         kept = [n for n in names if n not in equivalent]
         done = [n for n in kept if statuses.get(n, "not checked") != "not checked"]
@@ -115,10 +116,13 @@ def estimate(plan: dict[str, object], killed: set[str] = frozenset(),  # type: i
         if not done:
             continue
         hits = sum(statuses[n] in DETECTED for n in done)
+        sampled_done += len(done)
+        sampled_hits += hits
         rate = hits / len(done)
         # equivalent mutants found in the sample leave the stratum in proportion
         size = round(unevaluated[module] * len(kept) / len(names))
         total += size
+        unevaluated_total += size
         detected += size * rate
         # finite-population variance of the stratum total
         correction = (size - len(done)) / max(size - 1, 1)
@@ -131,6 +135,17 @@ def estimate(plan: dict[str, object], killed: set[str] = frozenset(),  # type: i
     lines.append(f"estimated score over all {total} mutants: {100 * score:.1f}% "
                  f"(95% interval {100 * (score - margin):.1f}-{100 * (score + margin):.1f}%)"
                  + (f"; {pending} sampled mutants not evaluated yet" if pending else ""))
+    if sampled_done:
+        # Why: the normal interval collapses when every sampled mutant is detected. The
+        # sample takes the same fraction of every module, so pooled it is a simple random
+        # sample; the Wilson lower bound of its detection rate bounds the score from below.
+        z, n, p = 1.96, sampled_done, sampled_hits / sampled_done
+        low = ((p + z * z / (2 * n) - z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)))
+               / (1 + z * z / n))
+        floor = (census_detected + unevaluated_total * low) / total
+        lines.append(f"pooled sample: {sampled_hits} of {sampled_done} detected; with 95% "
+                     f"confidence the score is at least {100 * floor:.1f}% (Wilson lower bound "
+                     f"{100 * low:.2f}% for the unevaluated part)")
     return "\n".join(lines)
 
 

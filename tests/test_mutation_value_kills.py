@@ -19,7 +19,7 @@ import pytest
 
 from machine.errors import InvariantError, ValidationError
 from machine.events import Event
-from machine.jsonvalue import FrozenDict, canonical_json, freeze
+from machine.jsonvalue import FrozenDict, FrozenList, canonical_json, freeze
 from machine.log import SessionLog, derive_history
 from machine.vocabulary import (
     ErrorInfo,
@@ -173,3 +173,14 @@ def test_V20_V8_settle_reason_decoder_states_the_expected_shape(path: str) -> No
 def test_V1_canonical_json_sorts_keys_and_keeps_non_ascii_text_unescaped() -> None:
     # canonical_json (machine/jsonvalue.py): sorted keys, no spaces, characters as they are.
     assert canonical_json({"é": "ü ☃", "a": [1, 2.5]}) == '{"a":[1,2.5],"é":"ü ☃"}'
+
+
+def test_L3_L14_a_seeded_event_whose_source_seqs_name_a_later_event_is_rejected() -> None:
+    # L14: seeds are replayed through the same checks as appends, sourceEventSeqs included.
+    message = {"id": "u1", "role": "user", "content": [{"type": "text", "text": "hi"}],
+               "source": {"kind": "user"}}
+    seed = Event("user/message", 0, 1, freeze(message), "append", FrozenList([3]))
+    with pytest.raises(InvariantError, match=r"seed event at seq 0: .*sourceEventSeqs entry 3") \
+            as caught:
+        SessionLog([seed])
+    assert caught.value.rule == "L3"
