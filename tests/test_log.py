@@ -154,6 +154,21 @@ def test_L1_an_event_read_back_is_the_same_json_value(data: dict[str, Any]) -> N
     assert log.events[0] == committed and list(log) == [committed]
 
 
+def test_L1_the_compact_encoder_writes_exact_compact_json() -> None:
+    # What the log retains (L1) is this text; the module builds its encoder once at import,
+    # so a fresh one is built here to check what it writes.
+    from machine import jsonvalue
+    encode = jsonvalue._compact_encoder()
+    value = freeze({"b": [1, 2.5, -0.0, None, True], "é": "ü\n☃\"", "a": {"x": []}})
+    text = '{"b":[1,2.5,-0.0,null,true],"é":"ü\\n☃\\"","a":{"x":[]}}'
+    assert encode(value) == text == jsonvalue.compact_json(value)
+    assert encode("x") == '"x"' and encode(FrozenDict()) == "{}"
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        encode(float("nan"))
+    with pytest.raises(TypeError, match="a object is not a frozen JSON value"):
+        encode({"k": object()})
+
+
 def test_L1_retained_events_add_no_garbage_collector_work() -> None:
     # Memory and GC cost per event independent of the session's length (specs/log.md, L1;
     # BENCHMARKS.md item 1): committed events are kept as untracked records, so a
