@@ -169,6 +169,22 @@ def test_L1_the_compact_encoder_writes_exact_compact_json() -> None:
         encode({"k": object()})
 
 
+def test_L1_the_compact_encoder_without_the_C_accelerator_writes_the_same(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import json.encoder
+
+    from machine import jsonvalue
+    value = freeze({"b": [1, 2.5, -0.0, None, True], "é": "ü\n☃\"", "a": {"x": []}})
+    expected = jsonvalue.compact_json(value)
+    monkeypatch.setattr(json.encoder, "c_make_encoder", None)
+    encode = jsonvalue._compact_encoder()
+    assert encode(value) == expected
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        encode(float("nan"))
+    with pytest.raises(TypeError, match="a object is not a frozen JSON value"):
+        encode({"k": object()})
+
+
 def test_L1_retained_events_add_no_garbage_collector_work() -> None:
     # Memory and GC cost per event independent of the session's length (specs/log.md, L1;
     # BENCHMARKS.md item 1): committed events are kept as untracked records, so a
