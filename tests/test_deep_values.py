@@ -16,7 +16,7 @@ from scenario_helpers import Scenario
 
 from machine.core import AgentCore, CoreConfig
 from machine.errors import NotJsonCompatibleError
-from machine.jsonvalue import MAX_DEPTH, FrozenList, freeze, thaw
+from machine.jsonvalue import MAX_DEPTH, FrozenList, freeze, frozen_from_json, thaw
 from machine.scripted import Driver, ScriptedEnvironment, calls_reply, ok_result, text_reply
 from model import ModelAgent
 
@@ -107,3 +107,29 @@ def test_V1_the_model_agrees_on_values_at_the_bound() -> None:
     model = _deep_result_session(cast(AgentCore, ModelAgent(CoreConfig(), clock=lambda: 0)))
     assert [o for o in machine.outputs] == [o for o in model.outputs]
     assert list(machine.core.log) == list(model.core.log)
+
+
+def test_V1_running_out_of_stack_below_the_bound_is_a_refusal_naming_the_value() -> None:
+    # Called deep in a caller's stack, even a value within the bound may exhaust Python's
+    # recursion limit: that is a refusal of the value, never a RecursionError.
+    import sys
+
+    frame, depth = sys._getframe(), 0
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(depth + 100)  # room for the test, not for 120 levels of freezing
+    try:
+        with pytest.raises(NotJsonCompatibleError, match=r"^deep: the value is nested too deeply$") \
+                as caught:
+            freeze(nested(120), "deep")
+    finally:
+        sys.setrecursionlimit(limit)
+    assert caught.value.path == "deep"
+
+
+def test_V2_frozen_from_json_rebuilds_arrays_as_frozen_lists_at_every_level() -> None:
+    value = frozen_from_json('[1, [2, {"a": [3]}], "x"]')
+    assert type(value) is FrozenList and type(value[1]) is FrozenList
+    assert type(value[1][1]["a"]) is FrozenList
+    assert thaw(value) == [1, [2, {"a": [3]}], "x"]
