@@ -617,3 +617,16 @@ __all__ = [
     "source",
     "text_reply",
 ]
+
+
+def assert_failed_step(s: Scenario, name: str, code: str, message: str) -> None:
+    """R15.3 / R15.4: the turn ended with a generic failure of step 1, coded *code*, and the
+    core reported the error it built (*name*, *message*) as ``agent/error`` and in
+    ``agent/settled``."""
+    (turn_end,) = s.of("turn/end")
+    assert thaw(turn_end.data["reason"]) == {
+        "kind": "error", "step": 1, "message": message, "code": code}
+    (error,) = s.live("agent/error")
+    assert thaw(error["error"]) == {"name": name, "message": message, "code": code}
+    (settled,) = s.live("agent/settled")
+    assert thaw(settled["reason"]) == {"kind": "error", "error": thaw(error["error"])}

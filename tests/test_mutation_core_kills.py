@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from scenario_helpers import Scenario, msg
+from scenario_helpers import Scenario, assert_failed_step, msg
 
 from machine.core import AgentCore, CoreConfig
 from machine.io import Live
@@ -46,14 +46,7 @@ def _assert_request_config_error(s: Scenario, message: str) -> None:
     """R9.6 / P13 / R15.3-R15.4: a generic failure of request preparation, coded
     INVALID_REQUEST_CONFIG, with the RequestConfigError the core builds; no header logged,
     no model call."""
-    (turn_end,) = s.of("turn/end")
-    assert thaw(turn_end.data["reason"]) == {
-        "kind": "error", "step": 1, "message": message, "code": "INVALID_REQUEST_CONFIG"}
-    (error,) = s.live("agent/error")
-    assert thaw(error["error"]) == {
-        "name": "RequestConfigError", "message": message, "code": "INVALID_REQUEST_CONFIG"}
-    (settled,) = s.live("agent/settled")
-    assert thaw(settled["reason"]) == {"kind": "error", "error": thaw(error["error"])}
+    assert_failed_step(s, "RequestConfigError", "INVALID_REQUEST_CONFIG", message)
     assert s.of("request/header") == []
     assert s.effects("model") == []
     s.check()

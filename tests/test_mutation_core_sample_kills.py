@@ -24,11 +24,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from scenario_helpers import Scenario, msg
+from scenario_helpers import Scenario, assert_failed_step, msg
 
 from machine.core import AgentCore, CoreConfig
 from machine.errors import ValidationError
-from machine.jsonvalue import thaw
 from machine.scripted import Driver, calls_reply
 
 # --------------------------------------------------------------------------
@@ -48,14 +47,7 @@ def test_R9_3_P13_a_system_prompt_that_is_not_json_fails_with_InvalidSystemPromp
     s.run()
     # R15.3 / R15.4: a generic failure of step 1 ({system-prompt} is within the step), coded
     # INVALID_SYSTEM_PROMPT, with the error the core builds; V1/V8: the message names the path.
-    (turn_end,) = s.of("turn/end")
-    assert thaw(turn_end.data["reason"]) == {
-        "kind": "error", "step": 1, "message": message, "code": "INVALID_SYSTEM_PROMPT"}
-    (error,) = s.live("agent/error")
-    assert thaw(error["error"]) == {
-        "name": "InvalidSystemPromptError", "message": message, "code": "INVALID_SYSTEM_PROMPT"}
-    (settled,) = s.live("agent/settled")
-    assert thaw(settled["reason"]) == {"kind": "error", "error": thaw(error["error"])}
+    assert_failed_step(s, "InvalidSystemPromptError", "INVALID_SYSTEM_PROMPT", message)
     # R9.3 comes before R9.5-R9.7: no step/start, no request, no model call.
     assert s.of("step/start") == []
     assert s.effects("request") == [] and s.effects("model") == []
@@ -72,12 +64,7 @@ def test_R9_7_R15_4_end_before_any_finish_chunk_fails_with_InvalidChunkError_say
     s.followup("go")
     s.run()
     message = "model stream ended without a finish chunk"
-    (turn_end,) = s.of("turn/end")
-    assert thaw(turn_end.data["reason"]) == {
-        "kind": "error", "step": 1, "message": message, "code": "INVALID_CHUNK"}
-    (error,) = s.live("agent/error")
-    assert thaw(error["error"]) == {
-        "name": "InvalidChunkError", "message": message, "code": "INVALID_CHUNK"}
+    assert_failed_step(s, "InvalidChunkError", "INVALID_CHUNK", message)
     assert len(s.of("assistant/chunk")) == 1          # the text chunk before the end was appended
     assert s.of("assistant/message") == []
     s.check()
