@@ -739,7 +739,11 @@ class AgentCore:
     def _commit(self, type_: str, data: Mapping[str, Frozen] | Message, *,
                 surface: bool = False, sources: Sequence[int] | None = None) -> Durable:
         if isinstance(data, dict):
-            data = FrozenDict(data)     # its values are frozen already: one cheap pass
+            # Why adopt, not FrozenDict(data): the loop builds *data* here from frozen values
+            # (its type says so, and mypy --strict checks every call), so the copy and the
+            # per-value check of the constructor would find nothing; the log's checks (L2)
+            # still judge the event.
+            data = FrozenDict._adopt(data)
         return Durable(self.log.commit(type_, data, surface_op=APPEND if surface else None,
                                        source_event_seqs=sources))
 
@@ -1003,12 +1007,17 @@ class AgentCore:
             "turn": turn, "step": step, "signal": signal, "header": header,
             "historyEnd": history_end}), self.log.history(history_end))
         yield model
-        folded: list[FrozenDict] = []
+        folded: list[_Folded] = []
         open_kind: str | None = None      # P12: the run of text or reasoning chunks being folded
         chunk_seqs: list[int] = []
         finish: FrozenDict | None = None
+        # Why one _Wait for the whole stream (what `_await` yields, without a generator per
+        # chunk): the loop below runs once per chunk.
+        awaiting = _Wait(frozenset((model.id,)))
         while True:
-            _, kind, value = yield from self._await(model.id)
+            mail = yield awaiting
+            assert mail is not None
+            _, kind, value = mail
             if kind == "raise":
                 assert isinstance(value, ErrorInfo)
                 if value.failure is None:                         # not a model failure
@@ -1055,12 +1064,13 @@ class AgentCore:
             return (yield from self._request_failed(
                 ErrorInfo(facts.message, "ModelRequestError", facts.code, failure=facts), facts))
         max_tokens = finish_kind == "max-tokens"
+        blocks = _folded_blocks(folded)
         if max_tokens:                                            # R14.1
-            folded = [b for b in folded if b.get("type") != "tool-call"]
+            blocks = [b for b in blocks if b.get("type") != "tool-call"]
         provider, model_name = config["provider"], config["model"]
         seq = len(self.log)
         message = Message(id=self._mint("assistant", seq), role="assistant",
-                          content=FrozenList(folded),
+                          content=FrozenList(blocks),
                           source=FrozenDict({"kind": "model", "provider": provider,
                                              "model": model_name}))
         data: dict[str, Frozen] = {"turn": turn, "step": step, "message": frozen_message(message)}
@@ -1380,22 +1390,31 @@ def _chunk_content_problem(chunk: FrozenDict) -> str | None:
     return None
 
 
-def _fold(content: list[FrozenDict], chunk: FrozenDict, open_kind: str | None) -> str | None:
+#: What `_fold` builds: content blocks, and for a run of text or reasoning chunks a list
+#: [kind, piece, piece, ...] that `_folded_blocks` joins into one block at the end.
+_Folded: TypeAlias = "FrozenDict | list[str]"
+
+
+def _fold(content: list[_Folded], chunk: FrozenDict, open_kind: str | None) -> str | None:
     """Rule P12: how the core folds model chunks into content blocks.
 
     Consecutive ``text`` chunks extend one text block (likewise ``reasoning``):
     *open_kind* is the kind of the block the previous content chunk started, and the
     kind to pass next time is returned. ``tool-call`` chunks {id, name, arguments} add a
     call and ``block`` chunks add their ``block`` as is; both end a run of text. Other
-    chunk types carry no content and leave the run as it is.
+    chunk types carry no content and leave the run as it is. (A run is kept as its
+    pieces and joined once by `_folded_blocks`: joining at every chunk would copy the
+    text so far each time.)
     """
     kind = chunk["type"]
     if kind in ("text", "reasoning"):
         piece = str(chunk["text"])
         if content and open_kind == kind:
-            content[-1] = content[-1].set("text", str(content[-1]["text"]) + piece)
+            run = content[-1]
+            assert type(run) is list
+            run.append(piece)
         else:
-            content.append(FrozenDict({"type": kind, "text": piece}))
+            content.append([str(kind), piece])
         return str(kind)
     if kind == "tool-call":
         content.append(FrozenDict({"type": "tool-call", "id": chunk["id"],
@@ -1407,3 +1426,9 @@ def _fold(content: list[FrozenDict], chunk: FrozenDict, open_kind: str | None) -
         content.append(block)
         return None
     return open_kind
+
+
+def _folded_blocks(content: list[_Folded]) -> list[FrozenDict]:
+    """The content blocks `_fold` built, each run of text or reasoning joined into one."""
+    return [FrozenDict({"type": item[0], "text": "".join(item[1:])}) if type(item) is list
+            else item for item in content]  # type: ignore[misc]

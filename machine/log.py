@@ -38,6 +38,7 @@ from machine.events import (
     USER_MESSAGE,
     Event,
     EventRecord,
+    checked_event,
     event_from_record,
     event_record,
     surface_op_problem,
@@ -429,7 +430,8 @@ class SessionLog:
             message = checked[4]        # checked by `check` just before (see there)
         else:
             message = self._verdict(type, frozen_data, frozen_op, frozen_seqs)
-        event = Event(type, len(self._records), self._clock(), frozen_data, frozen_op, frozen_seqs)
+        event = checked_event(type, len(self._records), self._clock(), frozen_data, frozen_op,
+                              frozen_seqs)
         self._store(event, message)
         return event
 
@@ -466,6 +468,13 @@ class SessionLog:
         """The derived history (§21.2) of the events with seq < *end* (all if None)."""
         events = self.events
         return derive_history(events if end is None else events[:max(end, 0)])
+
+    def data_json(self, seq: int) -> str:
+        """The compact JSON text of event *seq*'s data, exactly as the log retains it (L1):
+        what ``compact_json(self[seq].data)`` would give, without decoding the event."""
+        if type(seq) is not int or not 0 <= seq < len(self._records):
+            raise IndexError(f"no event with seq {seq!r} (the log has {len(self._records)})")
+        return self._records[seq][3]
 
     def history(self, end: int) -> Sequence[Message]:
         """An immutable view equal to ``derive_messages(end)``, in O(log n)."""
@@ -513,7 +522,9 @@ class SessionLog:
         self._records.append(event_record(event))
         data = event.data
         kind = event.type
-        if kind == TURN_START:
+        if kind not in _STATE_TYPES:  # Why: most events change none of the state below
+            pass
+        elif kind == TURN_START:
             self._open_turn = self._last_turn = _as_int(data["turn"])
             self._last_step = 0
         elif kind == TURN_END:
@@ -598,6 +609,13 @@ class SessionLog:
 
     def _require_step(self, type_: str, data: FrozenDict) -> None:
         """The event must sit in an open step and name it (L6, L7)."""
+        # Why: the usual case (exact ints naming the open step) is answered at once; anything
+        # else takes the full test below, which also words the refusal.
+        fields = data._data
+        turn_named, step_named = fields.get("turn"), fields.get("step")
+        if (type(turn_named) is int and type(step_named) is int and self._open_step is not None
+                and turn_named == self._open_turn and step_named == self._open_step):
+            return
         rule = _RULE_OF_TYPE[type_]
         turn = self._require_turn(type_)
         step = self._open_step
@@ -742,6 +760,11 @@ _CORE_CHECKS: Final[Mapping[str, _CoreCheck]] = {
 # --------------------------------------------------------------------------
 
 
+#: The event types whose commit advances the log's incremental state (`SessionLog._store`).
+_STATE_TYPES: Final = frozenset({TURN_START, TURN_END, STEP_START, STEP_END, TOOL_CALL,
+                                 REQUEST_HEADER})
+
+
 def _is_int(value: object) -> bool:
     # Why: an exact int (the usual case) answers at once; same answer as the full test.
     return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
@@ -773,6 +796,8 @@ def _message_mapping(message: Message) -> FrozenDict:
 def _freeze_envelope(data: Mapping[str, object] | Message, surface_op: object,
                      source_event_seqs: object) -> tuple[FrozenDict, Frozen, FrozenList | None]:
     """Snapshot the caller's data, surfaceOp and sourceEventSeqs (L3)."""
+    if type(data) is FrozenDict and surface_op is None and source_event_seqs is None:
+        return data, None, None  # Why: the usual case, frozen already (as the general path)
     try:
         if isinstance(data, Message):
             frozen_data: Frozen = _message_mapping(data)
