@@ -12,6 +12,10 @@ import pytest
 from machine.conformance import cli, trace
 from machine.conformance.trace import trace_lines, verify_trace
 from machine.conformance.vectors import MalformedError, find_vectors, load_vector
+from machine.core import AgentCore
+from machine.events import LiveEvent
+from machine.io import Control, Effect, Live
+from machine.jsonvalue import FrozenDict
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "specs" / "conformance" / "vectors"
@@ -108,6 +112,21 @@ MALFORMED = [
     (['{"trace":1}', '{"out":"maybe"}'], "t.jsonl:2: /out: unknown output \"maybe\"; expected one "
      "of ['event', 'live', 'effect', 'abort', 'release', 'none']"),
     (['{"trace":1}', "[1, 2]"], "t.jsonl:2: a trace line must be a JSON object"),
+    (['{"trace":1}', '{"out":[]}'], "t.jsonl:2: /out: unknown output []; expected one of "
+     "['event', 'live', 'effect', 'abort', 'release', 'none']"),  # unhashable: no TypeError
+    # completions the fast path hands over to the general one, reported as always
+    (['{"trace":1}', '{"in":"chunk","effect":0}'], "t.jsonl:2: /chunk: is missing (input "
+     "'chunk' needs it)"),
+    (['{"trace":1}', '{"in":"end","effect":0,"chunk":{}}'], "t.jsonl:2: /chunk: unknown field "
+     "for input 'end' (allowed: effect)"),
+    (['{"trace":1}', '{"in":"resolve","effect":0,"x":1}'], "t.jsonl:2: /x: unknown field for "
+     "input 'resolve' (allowed: effect, value)"),
+    (['{"trace":1}', '{"in":"chunk","effect":-1,"chunk":{}}'],
+     "t.jsonl:2: /effect: must be a non-negative integer effect id"),
+    (['{"trace":1}', '{"in":"end","effect":0}\f'], "t.jsonl:2: invalid JSON: Extra data "
+     "(column 24)"),  # not JSON whitespace, though str.isspace() says so
+    (['{"trace":1}', "[" * 100_000], "t.jsonl:2: invalid JSON: nested too deeply"),
+    (['{"trace":1}', " " + "[" * 100_000], "t.jsonl:2: invalid JSON: nested too deeply"),
     ([], 't.jsonl: no {"trace": 1, ...} header: not a trace'),
 ]
 
@@ -119,6 +138,65 @@ def test_malformed_traces_name_line_and_field(tmp_path: Path, lines: list[str], 
     with pytest.raises(MalformedError) as caught:
         verify_trace(path)
     assert str(caught.value) == str(tmp_path / message)
+
+
+COMPLETIONS = ['{"in":"chunk","effect":3,"chunk":{"type":"text","text":"x"}}',
+               '{"in":"end","effect":3}', '{"in":"resolve","effect":3,"value":null}',
+               '{"in":"resolve","effect":3}']
+
+
+@pytest.mark.parametrize("line", COMPLETIONS)
+def test_completions_are_checked_as_any_input(tmp_path: Path, line: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # The usual completions take a fast path; with a "note" the same line takes the general
+    # one. Both report a refusal the trace does not show, or a crash, identically.
+    def check(observed: str, expected: str) -> None:
+        for text, name in ((line, "fast"), (line[:-1] + ',"note":"n"}', "general")):
+            report = verify_trace(write(tmp_path / f"{name}.jsonl", ['{"trace":1}', text]))
+            assert report.divergence is not None and report.inputs == 1
+            assert (report.divergence.line, report.divergence.observed,
+                    report.divergence.expected) == (2, observed, expected)
+    check(f"{line} accepted", "refused with a protocol error: effect 3 was never requested")
+
+    def crash(*args: object) -> None:
+        raise RuntimeError("boom")
+    kind = json.loads(line)["in"]
+    monkeypatch.setattr(AgentCore, kind, crash)
+    check(line, "turnstile raised RuntimeError: boom (a bug in turnstile; please report)")
+    monkeypatch.undo()
+    report = verify_trace(write(tmp_path / "raises.jsonl", ['{"trace":1}',
+                                                            line[:-1] + ',"raises":"protocol"}']))
+    assert report.ok and report.inputs == 1
+    report = verify_trace(write(tmp_path / "accepted.jsonl", ['{"trace":1}',
+                                                              '{"in":"dispose","raises":"protocol"}']))
+    assert report.divergence is not None
+    assert (report.divergence.observed, report.divergence.expected) == (
+        '{"in":"dispose"} refused with a protocol error', "accepted")
+
+
+def test_canonical_lines_of_every_output_kind(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # Outputs the corpus never shows: empty payloads, and payload keys that repeat an
+    # envelope field (their would-be canonical line is not theirs: the general path decides).
+    outputs = [Effect(0, "tick", FrozenDict({})), Control("release", FrozenDict({"effect": 0})),
+               Control("abort", FrozenDict({})), Effect(1, "tick", FrozenDict({"kind": "x"})),
+               Control("abort", FrozenDict({"out": "abort"})),
+               Live(LiveEvent("agent/x", FrozenDict({"out": "y"})))]
+    real = trace._session_core
+
+    def session_core(header: dict[str, object], path: str, lineno: int) -> AgentCore:
+        core = real(header, path, lineno)
+        monkeypatch.setattr(core, "next_output", iter([*outputs, None]).__next__)
+        return core
+    monkeypatch.setattr(trace, "_session_core", session_core)
+    lines = ['{"trace":1}', '{"out":"effect","effect":0,"kind":"tick"}',
+             '{"out":"release","effect":0}', "", '{"out":"abort"}',
+             '{"out":"effect","effect":1,"kind":"tick","kind":"x"}', '{"out":"abort"}']
+    report = verify_trace(write(tmp_path / "ok.jsonl", lines))
+    assert report.ok and report.outputs == 5
+    with pytest.raises(MalformedError, match=r':8: /out: unknown output "y"'):
+        verify_trace(write(tmp_path / "bad.jsonl", [*lines, '{"out":"live","type":"agent/x",'
+                                                                '"out":"y"}']))
 
 
 def test_the_command_line(tmp_path: Path) -> None:
@@ -149,3 +227,40 @@ def test_progress_is_shown_on_long_traces(tmp_path: Path, monkeypatch: pytest.Mo
     shown = stream.getvalue()
     assert f"\r{path}: 4,096 lines (" in shown and "lines/s" in shown
     assert shown.endswith("\r" + " " * 78 + "\r")
+
+
+def test_long_lived_objects_are_frozen_only_while_checking(tmp_path: Path) -> None:
+    """verify_trace freezes what survives collections while it runs (a tenth of a long
+    trace's time was full collections walking the replayed history), and gives it back."""
+    import gc
+
+    path = write(tmp_path / "t.jsonl", list(trace_lines(A5)))
+    original = trace._verify
+    during: list[tuple[int, int]] = []
+
+    def verify_and_collect(*args: object, **kwargs: object) -> trace.TraceReport:
+        gc.collect(1)   # a middle-generation collection during the check
+        during.append((len(gc.callbacks), gc.get_freeze_count()))
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    callbacks = list(gc.callbacks)
+    trace._verify = verify_and_collect  # type: ignore[assignment]
+    try:
+        assert gc.get_freeze_count() == 0
+        assert verify_trace(path).ok
+        assert during[-1][0] == len(callbacks) + 1 and during[-1][1] > 0   # frozen meanwhile
+        assert gc.get_freeze_count() == 0 and gc.callbacks == callbacks   # all given back
+        gc.freeze()     # a caller's own frozen objects: left alone (no callback installed)
+        try:
+            assert verify_trace(path).ok
+            assert during[-1][0] == len(callbacks) and gc.get_freeze_count() > 0
+        finally:
+            gc.unfreeze()
+        gc.disable()    # the collector off: nothing to spare, nothing installed
+        try:
+            assert verify_trace(path).ok
+            assert during[-1] == (len(callbacks), 0)
+        finally:
+            gc.enable()
+    finally:
+        trace._verify = original  # type: ignore[assignment]
