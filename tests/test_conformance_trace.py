@@ -264,3 +264,37 @@ def test_long_lived_objects_are_frozen_only_while_checking(tmp_path: Path) -> No
             gc.enable()
     finally:
         trace._verify = original  # type: ignore[assignment]
+
+
+def test_recorded_traces_take_the_canonical_fast_path(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """PROTOCOL.md §Traces: every output line as this implementation writes it is its
+    canonical line, so only headers and inputs are parsed; the same outputs written in
+    another layout are parsed and compared, with the same verdict."""
+    parsed: list[str] = []
+    scan = trace._scan_once
+
+    def counting_scan(line: str, index: int) -> tuple[object, int]:
+        parsed.append(line)
+        return scan(line, index)
+
+    monkeypatch.setattr(trace, "_scan_once", counting_scan)
+    checked = 0
+    for path in find_vectors([CORPUS]):
+        vector = load_vector(path)
+        lines = list(trace_lines(vector))
+        parsed.clear()
+        assert verify_trace(write(tmp_path / "t.jsonl", lines)).ok
+        # Lines that carry "loose" or "note" annotations are not canonical: parsed.
+        annotated = [line for line in lines if line.startswith('{"out"')
+                     and {"loose", "note", "time"} & json.loads(line).keys()]
+        assert [line.rstrip("\n") for line in parsed if line.startswith('{"out"')] == annotated, \
+            vector.id
+        assert len(parsed) == sum(not line.startswith('{"out"') for line in lines) + len(annotated)
+        spaced = [line if not line.startswith('{"out"') else
+                  json.dumps(json.loads(line), ensure_ascii=False) for line in lines]
+        parsed.clear()
+        assert verify_trace(write(tmp_path / "t.jsonl", spaced)).ok
+        assert len(parsed) == len(lines)
+        checked += 1
+    assert checked > 100

@@ -154,6 +154,20 @@ def test_L1_an_event_read_back_is_the_same_json_value(data: dict[str, Any]) -> N
     assert log.events[0] == committed and list(log) == [committed]
 
 
+@settings(max_examples=100, deadline=None)
+@given(data=json_objects(max_leaves=12))
+def test_L1_data_json_is_the_retained_text_of_the_data(data: dict[str, Any]) -> None:
+    from machine.jsonvalue import compact_json
+    log = new_log()
+    user(log, "a")
+    committed = log.append("x.ext/any", data)
+    assert log.data_json(1) == compact_json(committed.data) == compact_json(log[1].data)
+    assert log.data_json(0) == compact_json(log[0].data)
+    for bad in (2, -1, True, "1"):  # no such event, negative, not an exact int
+        with pytest.raises(IndexError, match="no event with seq"):
+            log.data_json(bad)  # type: ignore[arg-type]
+
+
 def test_L1_the_compact_encoder_writes_exact_compact_json() -> None:
     # What the log retains (L1) is this text; the module builds its encoder once at import,
     # so a fresh one is built here to check what it writes.

@@ -10,10 +10,12 @@ starts another session.
 
 `verify_trace` replays each input into a fresh `AgentCore` and compares every
 observed output with the one this implementation produces at the same
-point, stopping at the first divergence. It is built for long traces: one
-``json.loads`` per line, inputs applied directly, outputs compared as JSON
-values (strictly, see `jsoncmp`), implementation-worded fields relaxed only
-when a strict comparison fails.
+point, stopping at the first divergence. It is built for long traces: an
+output line that is the canonical line of the expected output (PROTOCOL.md
+§Traces) matches by text, unparsed; every other line is parsed once, inputs
+are applied directly, and outputs are compared as JSON values (strictly, see
+`jsoncmp`), implementation-worded fields relaxed only when a strict
+comparison fails.
 """
 
 from __future__ import annotations
