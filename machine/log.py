@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from dataclasses import replace as replace_fields
-from typing import Final, Generic, NoReturn, TypeAlias, TypeVar, overload
+from typing import Final, Generic, NoReturn, TypeAlias, TypeVar, cast, overload
 
 from machine.errors import InvariantError, ValidationError
 from machine.events import (
@@ -587,11 +587,16 @@ class SessionLog:
         if seqs is not None:
             if not surface:
                 _fail("L3", f"{type_} must not carry sourceEventSeqs (only surface types do)")
-            for source in seqs:
-                if isinstance(source, bool) or not isinstance(source, int) \
-                        or not 0 <= source < next_seq:
-                    _fail("L3", f"{type_}: sourceEventSeqs entry {source!r} does not name an "
-                          f"earlier event (this event would be seq {next_seq})")
+            # Why: exact ints in range (the usual case) are confirmed by three C-level passes;
+            # anything else takes the loop, which finds and words the first bad entry.
+            ints = cast("tuple[int, ...]", seqs)   # checked on the next line
+            if not (set(map(type, seqs)) <= _INT_ONLY
+                    and (not ints or (min(ints) >= 0 and max(ints) < next_seq))):
+                for source in seqs:
+                    if isinstance(source, bool) or not isinstance(source, int) \
+                            or not 0 <= source < next_seq:
+                        _fail("L3", f"{type_}: sourceEventSeqs entry {source!r} does not name "
+                              f"an earlier event (this event would be seq {next_seq})")
         check = _CORE_CHECKS.get(type_)
         if check is not None:
             return check(self, data, op)
@@ -759,6 +764,8 @@ _CORE_CHECKS: Final[Mapping[str, _CoreCheck]] = {
 # Small helpers
 # --------------------------------------------------------------------------
 
+
+_INT_ONLY: Final = {int}
 
 #: The event types whose commit advances the log's incremental state (`SessionLog._store`).
 _STATE_TYPES: Final = frozenset({TURN_START, TURN_END, STEP_START, STEP_END, TOOL_CALL,

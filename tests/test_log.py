@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import gc
 import logging
 import time
@@ -357,6 +358,25 @@ def test_L3_source_event_seqs_only_on_surface_types_and_earlier() -> None:
     rejected(log, "L3", "does not name an earlier event",
              lambda: assistant_message(log, 1, 1, assistant("a"), seqs=[-1]))
     assert assistant_message(log, 1, 1, assistant("a"), seqs=[0, 1]).source_event_seqs == (0, 1)
+
+
+class _Seq(enum.IntEnum):
+    FIRST = 0
+
+
+def test_L3_every_source_event_seq_is_checked_whatever_its_position() -> None:
+    """The first bad entry is named, wherever it sits among good ones (the usual case of
+    exact ints in range is confirmed at once, anything else is walked entry by entry)."""
+    log = open_step_log()
+    for seqs, named in (([0, 1, 9], "entry 9"), ([0, -1, 1], "entry -1"), ([1, True], "entry True"),
+                        ([0, 1, 2], "entry 2")):
+        rejected(log, "L3", f"sourceEventSeqs {named} does not name",
+                 lambda seqs=seqs: assistant_message(log, 1, 1, assistant("a"), seqs=seqs))
+    with pytest.raises(InvariantError, match="Seq is not a JSON number"):  # refused by V1
+        assistant_message(log, 1, 1, assistant("a"), seqs=[_Seq.FIRST, 1])
+    event = assistant_message(log, 1, 1, assistant("a"), seqs=[0, 1])
+    assert event.source_event_seqs == (0, 1) and log[event.seq] == event
+    assert assistant_message(log, 1, 1, assistant("b"), seqs=[]).source_event_seqs == ()
 
 
 def test_L3_seeded_time_must_be_a_number() -> None:
