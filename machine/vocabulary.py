@@ -801,6 +801,13 @@ def validate_chunk(value: JsonLike, path: str = "chunk") -> FrozenDict:
     # (held here, so its identity cannot be reused) is accepted again without a second pass.
     if value is _last_chunk and value is not None:
         return value
+    if type(value) is dict and len(value) == 2 and type(value.get("text")) is str \
+            and value.get("type") == "text" and type(value["type"]) is str:
+        # Why: the usual chunk of a stream, {type: 'text', text}, whose two exact strings
+        # are all that `_validate_chunk` would check: the same frozen copy, at once.
+        chunk = FrozenDict._adopt(value.copy())
+        _last_chunk = chunk
+        return chunk
     try:
         chunk = _validate_chunk(value, path)
     except ValidationError as exc:

@@ -929,6 +929,38 @@ def test_v18_invalid_chunks_are_coded(chunk: Any, path: str) -> None:
     assert info.value.code == INVALID_CHUNK
 
 
+class _Text(str):
+    """A str subclass: frozen as a plain str, so never the stream's usual text chunk as is."""
+
+
+@pytest.mark.parametrize("chunk", [
+    {"type": "text", "text": "hi"},                     # the usual chunk, taken at once
+    {"text": "hi", "type": "text"},                     # key order kept
+    {"type": "text", "text": ""},
+    {"type": _Text("text"), "text": "hi"},              # the general path: a str subclass
+    {"type": "text", "text": _Text("hi")},
+    {"type": "text", "text": "hi", "extra": 1},         # the general path: another field
+    {"type": "reasoning", "text": "hi"},
+])
+def test_v18_text_chunks_are_frozen_copies_of_their_fields(chunk: dict[str, Any]) -> None:
+    frozen = validate_chunk(chunk)
+    assert type(frozen) is FrozenDict and frozen == chunk and list(frozen) == list(chunk)
+    assert all(type(value) is not _Text for value in frozen.values())
+    assert all(type(key) is str for key in frozen)
+    chunk["text"] = "changed later"                     # V6: a snapshot
+    assert frozen["text"] != "changed later"
+
+
+@pytest.mark.parametrize(("chunk", "path"), [
+    ({"type": "text", "text": math.nan}, "chunk.text"),
+    ({"type": "text", "text": [object()]}, "chunk.text[0]"),
+])
+def test_v18_text_chunks_with_bad_values_are_refused(chunk: Any, path: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        validate_chunk(chunk)
+    assert info.value.path == path and info.value.code == INVALID_CHUNK
+
+
 # --------------------------------------------------------------------------------------------
 # V19 turn-end reasons
 # --------------------------------------------------------------------------------------------
