@@ -113,7 +113,8 @@ class TraceWriter:
                     {"type": "finish", "kind": "stop"}]
             else:
                 chunks = [{"type": "text", "text": WORDS[i * 10:(i + 1) * 10]} for i in range(20)]
-                chunks.append({"type": "finish", "kind": "stop", "usage": {"outputTokens": 40}})
+                chunks.append({"type": "usage", "usage": {"outputTokens": 40}})
+                chunks.append({"type": "finish", "kind": "stop"})
             for chunk in chunks:
                 self._input({"in": "chunk", "effect": effect_id, "chunk": chunk})
             self._input({"in": "end", "effect": effect_id})

@@ -56,13 +56,15 @@ Handler = Callable[[Effect], "Answer | Reply | _Hold | None"]
 
 
 def text_reply(text: str, *, usage: JsonLike = None, pieces: int = 1) -> list[JsonLike]:
-    """Chunks for a text reply: *pieces* text chunks, then a ``stop`` finish."""
+    """Chunks for a text reply: *pieces* text chunks, a usage chunk when *usage* is given
+    (usage is its own chunk, rule V18), then a ``stop`` finish."""
     size = max(1, -(-len(text) // pieces)) if text else 1
     parts = [text[i:i + size] for i in range(0, len(text), size)] or [""]
-    finish: dict[str, JsonLike] = {"type": "finish", "kind": "stop"}
+    chunks: list[JsonLike] = [{"type": "text", "text": p} for p in parts]
     if usage is not None:
-        finish["usage"] = usage
-    return [*({"type": "text", "text": p} for p in parts), finish]
+        chunks.append({"type": "usage", "usage": usage})
+    chunks.append({"type": "finish", "kind": "stop"})
+    return chunks
 
 
 def calls_reply(*calls: tuple[str, str] | tuple[str, str, str], text: str | None = None,

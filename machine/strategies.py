@@ -276,30 +276,32 @@ def prompt_decisions() -> st.SearchStrategy[PromptDecision]:
 
 
 def chunks() -> st.SearchStrategy[dict[str, Any]]:
-    """A valid model chunk (rule V18) as plain JSON: content deltas, an extension chunk, or a
-    finish chunk of each kind (a failure for error, optional for aborted; optional usage)."""
-    usage = st.none() | st.fixed_dictionaries(
+    """A valid model chunk (rule V18) as plain JSON: text and reasoning, a tool call, a usage
+    chunk, or a finish chunk of each kind (a failure for error, optional for aborted; an
+    optional replayState)."""
+    usage = st.fixed_dictionaries(
         {"inputTokens": st.integers(min_value=0), "outputTokens": st.integers(min_value=0)})
     failure_json = llm_failures().map(LlmFailure.to_json)
 
-    def finish(kind: str, use: Any, failure: Any) -> dict[str, Any]:
+    def finish(kind: str, failure: Any, replay: Any) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "finish", "kind": kind}
-        if use is not None:
-            out["usage"] = use
         if failure is not None:
             out["failure"] = failure
+        if replay is not None:
+            out["replayState"] = replay
         return out
 
+    replay_states = st.none() | json_objects(2)
     finish_chunks = st.one_of(
-        st.builds(finish, st.sampled_from(["stop", "max-tokens"]), usage, st.none()),
-        st.builds(finish, st.just("error"), usage, failure_json),
-        st.builds(finish, st.just("aborted"), usage, st.none() | failure_json))
-    deltas = st.builds(lambda t, s: {"type": t, "text": s},
-                       st.sampled_from(["text-delta", "reasoning-delta"]), _text())
+        st.builds(finish, st.sampled_from(["stop", "max-tokens"]), st.none(), replay_states),
+        st.builds(finish, st.just("error"), failure_json, st.none()),
+        st.builds(finish, st.just("aborted"), st.none() | failure_json, st.none()))
+    texts = st.builds(lambda t, s: {"type": t, "text": s},
+                      st.sampled_from(["text", "reasoning"]), _text())
     calls = st.builds(lambda i, n, a: {"type": "tool-call", "id": i, "name": n, "arguments": a},
                       _ids(), _text(), _text())
-    other = st.builds(lambda extra: {**extra, "type": "x-provider-event"}, json_objects(3))
-    return deltas | calls | other | finish_chunks
+    usages = usage.map(lambda u: {"type": "usage", "usage": u})
+    return texts | calls | usages | finish_chunks
 
 
 # -- loop-written records (rules V13, V19, V20) ----------------------------------------------

@@ -787,11 +787,17 @@ def retry_action_from_json(value: JsonLike) -> bool:
 
 
 FINISH_KINDS = frozenset({"stop", "max-tokens", "error", "aborted"})
+#: The chunk types a model stream may carry (rules V18, P12). The set is closed, as the
+#: original's stream-chunk union is: the core refuses a streamed chunk of any other type
+#: (D5). The log (L6) accepts any string type, so logs of other implementations load.
+CHUNK_TYPES = frozenset({"text", "reasoning", "tool-call", "block", "usage", "finish"})
 
 
 def validate_chunk(value: JsonLike, path: str = "chunk") -> FrozenDict:
-    """Rule V18: a chunk is a JSON mapping with a string type; a finish chunk has a valid kind,
-    a failure when kind is error, and an optional mapping usage.
+    """Rule V18: a chunk is a JSON mapping with a string ``type``; a usage chunk carries a
+    mapping ``usage``; a finish chunk has a valid kind, a failure when kind is error (valid
+    wherever present) and an optional ``replayState``. Which types a stream may carry, and
+    what a finish may not carry, is the stream's rule (P12), not the value's.
 
     A malformed chunk raises a `ValidationError` whose ``code`` is ``INVALID_CHUNK``."""
     global _last_chunk
@@ -824,14 +830,18 @@ def _validate_chunk(value: JsonLike, path: str) -> FrozenDict:
     chunk = freeze(value, path)
     if not isinstance(chunk, FrozenDict) or not isinstance(chunk.get("type"), str):
         raise ValidationError(path, "must be a mapping with a string 'type'")
-    if chunk["type"] == "finish":
-        kind = chunk.get("kind")
-        if kind not in FINISH_KINDS:
+    kind = chunk["type"]
+    if kind == "usage":
+        if not isinstance(chunk.get("usage"), FrozenDict):
+            raise ValidationError(f"{path}.usage", "a usage chunk needs a mapping 'usage'")
+    elif kind == "finish":
+        finish = chunk.get("kind")
+        if finish not in FINISH_KINDS:
             raise ValidationError(f"{path}.kind",
-                                  f"{kind!r} is not stop, max-tokens, error or aborted")
+                                  f"{finish!r} is not stop, max-tokens, error or aborted")
         if "usage" in chunk and not isinstance(chunk["usage"], FrozenDict):
             raise ValidationError(f"{path}.usage", "must be a mapping")
-        if kind == "error" and "failure" not in chunk:
+        if finish == "error" and "failure" not in chunk:
             raise ValidationError(f"{path}.failure", "is required for an error finish")
         if "failure" in chunk:
             LlmFailure.from_json(chunk["failure"], f"{path}.failure")

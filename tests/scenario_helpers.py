@@ -75,11 +75,12 @@ def as_msg(value: str | Mapping[str, JsonLike] | Message,
 
 
 def reply_text(text: str, *, finish: str = "stop", usage: JsonLike = None) -> list[JsonLike]:
-    """A text reply with the given finish kind."""
-    finish_chunk: dict[str, JsonLike] = {"type": "finish", "kind": finish}
+    """A text reply with the given finish kind (and a usage chunk before it, rule V18)."""
+    chunks: list[JsonLike] = [{"type": "text", "text": text}]
     if usage is not None:
-        finish_chunk["usage"] = usage
-    return [{"type": "text", "text": text}, finish_chunk]
+        chunks.append({"type": "usage", "usage": usage})
+    chunks.append({"type": "finish", "kind": finish})
+    return chunks
 
 
 def result_with_contexts(text: str, *contexts: Mapping[str, JsonLike], **extra: JsonLike

@@ -40,15 +40,15 @@ def test_example_valid_log(capsys: pytest.CaptureFixture[str]) -> None:
     path = str(EXAMPLES / "multi-turn-with-injection.jsonl")
     status, out, err = run(capsys, "log", "validate", path)
     assert status == 0 and err == ""
-    assert out == [f"{path}: OK (33 events, 2 turns)"]
+    assert out == [f"{path}: OK (37 events, 2 turns)"]
 
 
 def test_example_enclosure_violation(capsys: pytest.CaptureFixture[str]) -> None:
     path = str(EXAMPLES / "enclosure-violation.jsonl")
     status, out, _ = run(capsys, "log", "validate", path)
     assert status == 1
-    assert out == [f"{path}: INVALID at seq 16 [L6] assistant/chunk is outside any open turn "
-                   "(line 17)"]
+    assert out == [f"{path}: INVALID at seq 18 [L6] assistant/chunk is outside any open turn "
+                   "(line 19)"]
 
 
 def test_example_torn_line(capsys: pytest.CaptureFixture[str]) -> None:

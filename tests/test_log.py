@@ -69,7 +69,7 @@ def step_end(log: SessionLog, turn: int, step: int) -> Event:
 
 def chunk(log: SessionLog, turn: int, step: int, text: str = "x") -> Event:
     return log.append("assistant/chunk", {"turn": turn, "step": step,
-                                          "chunk": {"type": "text-delta", "text": text}})
+                                          "chunk": {"type": "text", "text": text}})
 
 
 def assistant_message(log: SessionLog, turn: int, step: int, message: Message,
@@ -1209,7 +1209,7 @@ def between_turn_positions(events: list[Event]) -> list[int]:
 
 EXECUTION_EVENTS: dict[str, tuple[str, Callable[[int], dict[str, Any]]]] = {
     "assistant/chunk": ("L6", lambda t: {"turn": t, "step": 1,
-                                         "chunk": {"type": "text-delta", "text": "x"}}),
+                                         "chunk": {"type": "text", "text": "x"}}),
     "tool/call": ("L6", lambda t: {"turn": t, "step": 1, "callId": "c", "name": "ls"}),
     "step/start": ("L5", lambda t: {"turn": t, "step": 1}),
     "step/end": ("L5", lambda t: {"turn": t, "step": 1}),

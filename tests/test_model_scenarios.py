@@ -94,13 +94,13 @@ def test_a1_simple_prompt_turn() -> None:
     driver.run()
     assert types(driver) == ["turn/start", "user/message", "step/start", "request/header",
                              "assistant/chunk", "assistant/chunk", "assistant/chunk",
-                             "assistant/message", "step/end", "turn/end"]
+                             "assistant/chunk", "assistant/message", "step/end", "turn/end"]
     events = [o.event for o in driver.events]
-    am = events[7]
-    assert thaw(am.data["usage"]) == usage
-    assert list(am.source_event_seqs or ()) == [4, 5, 6]
+    am = events[8]
+    assert thaw(am.data["usage"]) == usage           # from its own usage chunk (V18, P12)
+    assert list(am.source_event_seqs or ()) == [4, 5, 6, 7]
     assert thaw(am.data["message"])["content"] == [{"type": "text", "text": "hello there"}]
-    assert am.data["message"]["id"] == "assistant-7"  # type: ignore[index]
+    assert am.data["message"]["id"] == "assistant-8"  # type: ignore[index]
     assert events[3].data["reason"] == "initial"
     assert turn_end_reasons(driver) == [{"kind": "completed"}]
     assert [m.role for m in agent.log.derive_messages()] == ["user", "assistant"]

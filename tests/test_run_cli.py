@@ -64,15 +64,17 @@ GOLDEN_BLOCKED_THEN_ALLOWED = """\
 "header":{"config":{"provider":"demo","model":"demo-1"},"system":"You are terse."},"historyEnd":3}
 {"out":"event","type":"assistant/chunk","seq":5,"data":{"turn":1,"step":1,"chunk":{"type":"text",\
 "text":"a.txt b.txt"}}}
-{"out":"event","type":"assistant/chunk","seq":6,"data":{"turn":1,"step":1,"chunk":{"type":"finish",\
-"kind":"stop","usage":{"inputTokens":12,"outputTokens":4}}}}
-{"out":"event","type":"assistant/message","seq":7,"data":{"turn":1,"step":1,\
-"message":{"id":"assistant-7","role":"assistant","content":[{"type":"text","text":"a.txt b.txt"}],\
+{"out":"event","type":"assistant/chunk","seq":6,"data":{"turn":1,"step":1,"chunk":{"type":"usage",\
+"usage":{"inputTokens":12,"outputTokens":4}}}}
+{"out":"event","type":"assistant/chunk","seq":7,"data":{"turn":1,"step":1,"chunk":{"type":"finish",\
+"kind":"stop"}}}
+{"out":"event","type":"assistant/message","seq":8,"data":{"turn":1,"step":1,\
+"message":{"id":"assistant-8","role":"assistant","content":[{"type":"text","text":"a.txt b.txt"}],\
 "source":{"kind":"model","provider":"demo","model":"demo-1"}},"usage":{"inputTokens":12,\
-"outputTokens":4}},"surfaceOp":"append","sourceEventSeqs":[5,6]}
-{"out":"event","type":"step/end","seq":8,"data":{"turn":1,"step":1}}
+"outputTokens":4}},"surfaceOp":"append","sourceEventSeqs":[5,6,7]}
+{"out":"event","type":"step/end","seq":9,"data":{"turn":1,"step":1}}
 {"out":"effect","effect":9,"kind":"turn-stopping","turn":1,"signal":3}
-{"out":"event","type":"turn/end","seq":9,"data":{"turn":1,"reason":{"kind":"completed"}}}
+{"out":"event","type":"turn/end","seq":10,"data":{"turn":1,"reason":{"kind":"completed"}}}
 {"out":"effect","effect":10,"kind":"flush","turn":1}
 {"out":"live","type":"agent/settled","turn":1,"reason":{"kind":"completed"}}
 {"out":"live","type":"agent/status","status":"idle"}
@@ -397,7 +399,7 @@ MALFORMED: list[tuple[str, Any, str]] = [
                                     "(specs/protocol.md P9)"),
     ("unknown-input", script({"in": "poke"}),
      "inputs[0].in: unknown input 'poke'; expected one of ['append', 'cancel', 'chunk', 'dispose', "
-     "'end', 'followup', 'inject', 'raise', 'resolve', 'send', 'steer']"),
+     "'end', 'followup', 'inject', 'observer', 'raise', 'resolve', 'send', 'steer']"),
     ("unexpected-field", script({"in": "dispose", "now": True}),
      "inputs[0]: unexpected field(s) ['now'] for input 'dispose'"),
     ("effect-not-id", script({"in": "end", "effect": "model"}),

@@ -39,7 +39,7 @@ def test_A1_simple_prompt_turn__R5_R6_R7_R8_R9_R12_P1() -> None:
     (am,) = s.of("assistant/message")
     assert am.data["usage"] == usage
     chunk_seqs = [e.seq for e in s.of("assistant/chunk")]
-    assert list(am.source_event_seqs or ()) == chunk_seqs and len(chunk_seqs) == 2
+    assert list(am.source_event_seqs or ()) == chunk_seqs and len(chunk_seqs) == 3  # text, usage, finish
     assert [m.role for m in s.core.log.derive_messages()] == ["user", "assistant"]
     assert s.statuses() == ["running", "idle"]
     s.check()

@@ -203,7 +203,7 @@ def test_F10_max_tokens_in_a_single_step__R14() -> None:
 def test_F12_max_tokens_never_dispatches_truncated_tool_calls__R14_1() -> None:
     usage = {"outputTokens": 4096}
     s = Scenario([{"type": "tool-call", "id": "c1", "name": "t", "arguments": "{\"a\":"},
-                  {"type": "finish", "kind": "max-tokens", "usage": usage}])
+                  {"type": "usage", "usage": usage}, {"type": "finish", "kind": "max-tokens"}])
     s.followup("go")
     s.run()
     assert s.log() == L("TS(1, msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1; []) SE(1.1) "

@@ -899,10 +899,12 @@ def test_v17_invalid_decisions(value: Any, path: str) -> None:
 
 
 @pytest.mark.parametrize("chunk", [
-    {"type": "text-delta", "text": "hi"},
+    {"type": "text", "text": "hi"},
     {"type": ""},
+    {"type": "x-provider-ping"},  # structurally valid (the log takes it); a stream refuses it (P12)
     {"type": "finish", "kind": "stop"},
-    {"type": "finish", "kind": "max-tokens", "usage": {"outputTokens": 9}},
+    {"type": "usage", "usage": {"outputTokens": 9}},
+    {"type": "finish", "kind": "max-tokens", "replayState": {"cursor": 3}},
     {"type": "finish", "kind": "error", "failure": {"message": "m", "code": "C"}},
     {"type": "finish", "kind": "aborted"},
     {"type": "finish", "kind": "aborted", "failure": {"message": "m", "code": "ABORTED"}},
@@ -915,11 +917,13 @@ def test_v18_valid_chunks(chunk: dict[str, Any]) -> None:
     ("text", "chunk"),
     ({"text": "no type"}, "chunk"),
     ({"type": 1}, "chunk"),
-    ({"type": "text-delta", "text": math.inf}, "chunk.text"),
+    ({"type": "text", "text": math.inf}, "chunk.text"),
+    ({"type": "usage"}, "chunk.usage"),
     ({"type": "finish"}, "chunk.kind"),
     ({"type": "finish", "kind": "done"}, "chunk.kind"),
     ({"type": "finish", "kind": "error"}, "chunk.failure"),
     ({"type": "finish", "kind": "error", "failure": {"message": "m"}}, "chunk.failure.code"),
+    ({"type": "usage", "usage": 5}, "chunk.usage"),
     ({"type": "finish", "kind": "stop", "usage": 5}, "chunk.usage"),
 ])
 def test_v18_invalid_chunks_are_coded(chunk: Any, path: str) -> None:

@@ -11,9 +11,11 @@ An adapter turns one request into a stream of chunks::
   abort signal.
 * The stream yields chunks (rule V18): ``{type:'text', text}``,
   ``{type:'reasoning', text}``, ``{type:'tool-call', id, name, arguments}``,
-  ``{type:'block', block}``, provider-specific types (recorded, no content),
-  and ends with exactly one finish chunk ``{type:'finish', kind, usage?,
-  failure?}`` (kind ``stop``, ``max-tokens``, ``error`` or ``aborted``).
+  ``{type:'block', block}``, ``{type:'usage', usage}`` (token figures, before
+  the finish; the last one is the message's usage), and ends with exactly one
+  finish chunk ``{type:'finish', kind, failure?, replayState?}`` (kind
+  ``stop``, ``max-tokens``, ``error`` or ``aborted``). Any other type is an
+  invalid chunk.
 * A failed request raises an exception carrying ``failure: LlmFailure``
   (`ModelFailure`): that is a *model failure* (request-error point, retry).
   Any other exception is a generic failure of the turn.

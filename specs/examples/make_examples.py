@@ -34,13 +34,15 @@ def model_reply(log: SessionLog, turn: int, step: int, chunks: list[dict[str, An
     """The chunks of one model call, then its assistant/message citing them."""
     seqs = [log.append("assistant/chunk", {"turn": turn, "step": step, "chunk": chunk}).seq
             for chunk in chunks]
+    usage = log.append("assistant/chunk", {"turn": turn, "step": step, "chunk": {
+        "type": "usage", "usage": {"inputTokens": 40, "outputTokens": 9}}})
     finish = log.append("assistant/chunk", {"turn": turn, "step": step, "chunk": {
-        "type": "finish", "kind": "stop", "usage": {"inputTokens": 40, "outputTokens": 9}}})
+        "type": "finish", "kind": "stop"}})
     message = Message.from_json({"id": reply_id, "role": "assistant", "content": content,
                                  "source": MODEL_SOURCE})
     log.append("assistant/message", {"turn": turn, "step": step, "message": message,
                                      "usage": {"inputTokens": 40, "outputTokens": 9}},
-               surface_op="append", source_event_seqs=[*seqs, finish.seq])
+               surface_op="append", source_event_seqs=[*seqs, usage.seq, finish.seq])
 
 
 def tool_round(log: SessionLog, turn: int, step: int, call_id: str, name: str,
@@ -74,7 +76,7 @@ def tool_turn(log: SessionLog, turn: int, prompt: str, call_id: str, tool: str, 
     tool_round(log, turn, 1, call_id, tool, output)
     log.append("step/end", {"turn": turn, "step": 1})
     log.append("step/start", {"turn": turn, "step": 2})
-    model_reply(log, turn, 2, [{"type": "text-delta", "text": answer}],
+    model_reply(log, turn, 2, [{"type": "text", "text": answer}],
                 [{"type": "text", "text": answer}], f"reply-{turn}-2")
     log.append("step/end", {"turn": turn, "step": 2})
     log.append("turn/end", {"turn": turn, "reason": {"kind": "completed"}})
@@ -108,7 +110,7 @@ def main() -> None:
               "One file: notes.txt.", reason="initial")
     late_chunk = {"type": "assistant/chunk", "seq": len(first_turn),
                   "time": EPOCH_MS + len(first_turn),
-                  "data": {"turn": 1, "step": 2, "chunk": {"type": "text-delta", "text": "!"}}}
+                  "data": {"turn": 1, "step": 2, "chunk": {"type": "text", "text": "!"}}}
     bad = [*lines_of(first_turn), json.dumps(late_chunk, separators=(",", ":"))]
     (HERE / "enclosure-violation.jsonl").write_text("\n".join(bad) + "\n")
 
