@@ -72,6 +72,7 @@ from machine.io import (
     End,
     Input,
     Live,
+    Observer,
     Output,
     Raise,
     Resolve,
@@ -81,6 +82,7 @@ from machine.jsonvalue import Frozen, FrozenDict, FrozenList, JsonLike, freeze, 
 from machine.log import SessionLog
 from machine.machines import Inbox, Lifecycle, Outbox, Window
 from machine.vocabulary import (
+    CHUNK_TYPES,
     DISPOSED_CAUSE,
     FOLLOWUP,
     INJECT,
@@ -113,6 +115,15 @@ ABD_TEXT: Final = "Error: tool call aborted before dispatch"
 ABORTED_ERROR: Final = FrozenDict({"name": "AbortError", "code": "ABORTED"})
 ABORTED_TEXT: Final = "Error: tool call aborted"
 DEFAULT_ABORT_FAILURE: Final = LlmFailure("model request aborted", "ABORTED")
+#: R9.6: the text of the uncoded error for a request config without provider or model.
+NO_ROUTE_MESSAGE: Final = ("the request config has no provider/model: set them in "
+                           "CoreConfig.request_options or return both from the request effect")
+
+
+def _unset(value: object) -> bool:
+    """R9.6: a provider or model the original counts as missing (absent, null, false, 0, '')."""
+    return value is None or value is False or value == "" or (
+        type(value) in (int, float) and value == 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,11 +211,28 @@ class _DiscardSlot:
 
 
 @dataclass(slots=True)
+class _AbortNotice:
+    """The ``abort`` output of a cancel, queued; its reason is the cause of whichever cancel of
+    its scope aborts first (a joined cancel does, D9), so it is materialised when pulled."""
+
+    signal: int
+    reason: CancelCause
+
+    def materialise(self) -> Control:
+        return Control("abort", FrozenDict({"signal": self.signal,
+                                            "reason": frozen_json(self.reason)}))
+
+
+@dataclass(slots=True)
 class _Retro:
-    """The delivery window of one cancel's ``agent/cancel-requested`` (rule P7)."""
+    """One effective cancel's scope (rule P7): its pending reports (none for a keepInbox
+    cancel until a joined cancel clears something), its pending ``abort``, and how much
+    input the current position of its window has diverted into the reports (D9)."""
 
     inbox_slot: _DiscardSlot | None
     context_slot: _DiscardSlot | None
+    abort: _AbortNotice | None = None
+    fresh: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,17 +281,23 @@ class _Call:
     name: str
     arguments: Frozen
     call_seq: int = -1
-    outcome: Literal["pending", "running", "result", "abd", "failed"] = "pending"
+    #: pending: not started; running: executing; settled: has its result; failed: a stage's
+    #: value did not validate (R10.9)
+    outcome: Literal["pending", "running", "settled", "failed"] = "pending"
     result: ToolResult | None = None
-    from_prepare: bool = False
-    aborted_at_settle: bool = False
+    needs_finalize: bool = False     # R10.4.1: its result still goes through finalize
+    dispatched: bool = False         # its execute was requested (R10.11 vs R10.10)
     error: ErrorInfo | None = None
-    error_code: str | None = None
 
 
 _Mail: TypeAlias = tuple[int, str, Any]
 _Proc: TypeAlias = Generator["Output | _Wait", "_Mail | None", Any]
-_Queued: TypeAlias = "Output | _DiscardSlot | _CancelRequested"
+_Queued: TypeAlias = "Output | _DiscardSlot | _CancelRequested | _AbortNotice"
+
+
+def _message_id(notice: Live) -> object:
+    message = notice.event.payload.get("message")
+    return message.get("id") if isinstance(message, FrozenDict) else None
 
 
 def frozen_message(message: Message) -> FrozenDict:
@@ -292,11 +326,36 @@ def plan_arguments(raw: str) -> Frozen:
         return raw
 
 
-def _text_message(message_id: str, call_id: str, text: str) -> Message:
-    return Message(id=message_id, role="user", content=FrozenList((FrozenDict({
-        "type": "tool-result", "toolCallId": call_id,
-        "content": FrozenList((FrozenDict({"type": "text", "text": text}),)), "isError": True}),)),
-        source=FrozenDict({"kind": "tool", "callId": call_id}))
+def _canonical_result(error: FrozenDict, text: str,
+                      contexts: tuple[Message, ...] = ()) -> ToolResult:
+    """R10.10 / R10.11: a canonical aborted result, carrying *contexts* when it replaces a
+    result that had some."""
+    return ToolResult(content=FrozenList((FrozenDict({"type": "text", "text": text}),)),
+                      is_error=True, error=error, additional_contexts=contexts)
+
+
+ABD_RESULT: Final = _canonical_result(ABD_ERROR, ABD_TEXT)
+
+
+def raised_result(error: ErrorInfo) -> ToolResult:
+    """R10.12: the error result a raising tool stage stands for: the text ``Error: `` and the
+    error's message, and ``error {name, code}`` only for a coded error."""
+    info = FrozenDict({"name": error.name, "code": error.code}) if error.code is not None else None
+    return ToolResult(content=FrozenList((FrozenDict({"type": "text",
+                                                      "text": f"Error: {error.message}"}),)),
+                      is_error=True, error=info)
+
+
+def normalized(result: ToolResult) -> ToolResult:
+    """V16: an error result carries no concludesTurn and a successful one no error, as
+    finalize sees it and as it is committed."""
+    if result.is_error and result.concludes_turn:
+        return ToolResult(content=result.content, is_error=True, error=result.error,
+                          additional_contexts=result.additional_contexts, meta=result.meta)
+    if not result.is_error and result.error is not None:
+        return ToolResult(content=result.content, additional_contexts=result.additional_contexts,
+                          concludes_turn=result.concludes_turn, meta=result.meta)
+    return result
 
 
 class AgentCore:
@@ -464,6 +523,7 @@ class AgentCore:
             if cleared:                                 # P7: cleared by the same cancel
                 assert retro is not None and retro.context_slot is not None
                 retro.context_slot.queued.append(message)
+                retro.fresh += 1
             else:
                 self.outbox.stage(message, False)
             return
@@ -485,6 +545,7 @@ class AgentCore:
             assert retro is not None and retro.inbox_slot is not None
             group = retro.inbox_slot.steering if where == "stage-steering" else retro.inbox_slot.queued
             group.append(message)
+            retro.fresh += 1
 
     def _request_wake(self) -> None:
         """R6.1: ignored while busy or while a wake is pending."""
@@ -496,43 +557,76 @@ class AgentCore:
         self._emit(effect)
 
     def _cancel(self, cause: CancelCause, keep: bool) -> None:
+        retro = self._retro
+        if retro is not None:
+            self._join(retro, cause, keep)
+            return
         effective = decisions.cancel_effective(self._owner is not None, self._pending_retry, keep,
                                                len(self.inbox), len(self.outbox))     # R16.1
-        retro = self._retro
-        if retro is not None and retro.inbox_slot is not None and retro.context_slot is not None:
-            # P7: issued while an earlier cancel-requested is delivered, this cancel joins
-            # that one: what it would clear is already in the earlier reports.
-            held = bool(retro.inbox_slot.messages or retro.context_slot.messages)  # R16.1
-            effective = effective or (not keep and held)
-            if not effective:
-                return
-            if cause.kind != "disposed":
-                notice = Live(LiveEvent(ev.CANCEL_REQUESTED, FrozenDict({"cause": frozen_json(cause)})))
-                self._emit(_CancelRequested(notice, retro))
-            self._pending_retry = False
-            self._abort_owner(cause)
-            return
         if not effective:                               # R16.1: a no-op arms nothing
             return
         inbox_slot = _DiscardSlot(ev.INBOX_DISCARD) if not keep else None
         context_slot = _DiscardSlot(ev.CONTEXT_DISCARD) if not keep else None
-        if cause.kind != "disposed":                    # R16.2 step 1
-            notice = Live(LiveEvent(ev.CANCEL_REQUESTED, FrozenDict({"cause": frozen_json(cause)})))
-            self._emit(_CancelRequested(notice, _Retro(inbox_slot, context_slot)))
-        if not keep:                                    # R16.2 step 2
+        scope = _Retro(inbox_slot, context_slot)
+        self._emit_cancel_requested(cause, scope)       # R16.2 step 1
+        if inbox_slot is not None and context_slot is not None:   # R16.2 step 2
             self._clear_into(inbox_slot, context_slot)
-            assert inbox_slot is not None and context_slot is not None
             self._emit(inbox_slot)
             self._emit(context_slot)
         self._pending_retry = False                     # R16.2 step 3 (D2)
-        self._abort_owner(cause)                        # R16.2 step 4
-
-    def _abort_owner(self, cause: CancelCause) -> None:
-        owner = self._owner
+        owner = self._owner                             # R16.2 step 4
         if owner is not None and owner.reason is None:  # R16.3: the first cause wins
             owner.reason = cause
-            self._emit(Control("abort", FrozenDict({"signal": owner.signal,
-                                                    "reason": frozen_json(cause)})))
+            scope.abort = _AbortNotice(owner.signal, cause)
+            self._emit(scope.abort)
+
+    def _join(self, scope: _Retro, cause: CancelCause, keep: bool) -> None:
+        """P7, D9: a cancel issued while the ``agent/cancel-requested`` of *scope* is being
+        delivered runs, as in the original, inside that cancel's observer phase: ahead of its
+        clear and its abort. It does something only if it has something new to clear: when
+        *scope* cleared the inbox, the input accepted at this position (already moved into its
+        reports); when *scope* kept it, whatever is queued or staged. Then it queues its own
+        notice, and it is the cancel that aborts the controller (its cause becomes the reason
+        of the scope's pending ``abort``). A joined cancel with nothing new to clear is a
+        no-op, so an observer that cancels on every notice ends."""
+        if keep:
+            return
+        if scope.inbox_slot is not None:
+            if scope.fresh == 0:
+                return
+            scope.fresh = 0
+            self._emit_cancel_requested(cause, scope)
+        else:
+            if not (len(self.inbox) or len(self.outbox)):
+                return
+            self._emit_cancel_requested(cause, scope)
+            inbox_slot, context_slot = _DiscardSlot(ev.INBOX_DISCARD), _DiscardSlot(ev.CONTEXT_DISCARD)
+            self._clear_into(inbox_slot, context_slot)
+            # Ahead of the scope's abort, as in the original, but never ahead of the notice
+            # announcing an item they list (one accepted after the keepInbox cancel).
+            listed = {m.id for m in (*inbox_slot.messages, *context_slot.queued)}
+            at = len(self._out)
+            for index, queued in enumerate(self._out):
+                if queued is scope.abort:
+                    at = index
+                    break
+            for index, queued in enumerate(self._out):
+                if (isinstance(queued, Live) and queued.event.type == ev.INBOX_ENQUEUE
+                        and _message_id(queued) in listed):
+                    at = max(at, index + 1)
+            self._out.insert(at, context_slot)
+            self._out.insert(at, inbox_slot)
+            scope.inbox_slot, scope.context_slot = inbox_slot, context_slot
+        self._pending_retry = False
+        owner = self._owner
+        if scope.abort is not None and owner is not None:
+            owner.reason = cause
+            scope.abort.reason = cause
+
+    def _emit_cancel_requested(self, cause: CancelCause, scope: _Retro) -> None:
+        if cause.kind != "disposed":
+            notice = Live(LiveEvent(ev.CANCEL_REQUESTED, FrozenDict({"cause": frozen_json(cause)})))
+            self._emit(_CancelRequested(notice, scope))
 
     def _clear_into(self, inbox_slot: _DiscardSlot | None,
                     context_slot: _DiscardSlot | None) -> None:
@@ -594,6 +688,8 @@ class AgentCore:
             self.cancel(item.cause, item.keep_inbox)
         elif isinstance(item, Dispose):
             self.dispose()
+        elif isinstance(item, Observer):
+            pass                        # P14: an observer's failure or veto never reaches the core
         elif isinstance(item, Append):
             self.append(item.type, item.data, surface_op=item.surface_op,
                         source_event_seqs=item.source_event_seqs)
@@ -625,9 +721,11 @@ class AgentCore:
                         continue
                     return live
                 if isinstance(item, _CancelRequested):
-                    if item.retro.inbox_slot is not None:
-                        self._retro = item.retro
+                    self._retro = item.retro            # P7: its delivery opens the window
+                    item.retro.fresh = 0
                     return item.output
+                if isinstance(item, _AbortNotice):
+                    return item.materialise()
                 return item
             # Advance the loop by one step. Why inline (this runs once per output): one call
             # fewer, and an output yielded with nothing queued before it is handed out at
@@ -664,13 +762,14 @@ class AgentCore:
 
     def _emit(self, item: _Queued) -> None:
         retro = self._retro
-        if retro is not None and retro.inbox_slot is not None:
-            # P7: before the pending discard reports of the cancel being delivered
+        if retro is not None:
+            # P7: before what the cancel being delivered still has pending (reports, abort)
             for index, queued in enumerate(self._out):
-                if queued is retro.inbox_slot:
+                if queued is retro.inbox_slot or queued is retro.abort:
                     self._out.insert(index, item)
                     return
         self._out.append(item)
+
 
     def _emit_live(self, type_: str, **payload: Frozen) -> None:
         self._emit(Live(LiveEvent(type_, FrozenDict(payload))))
@@ -798,7 +897,13 @@ class AgentCore:
                                                                "placement": "queued"})))
         admitted: list[Message] | None = None
         if ctrl.aborted:                                          # R7.5
+            # As in the original, the rejected path runs up to its tick before the dequeue
+            # notice: the claim emits it once the admission has yielded (P15).
+            self._owner = None                                    # R7.8
+            yield from self._reject()
             yield dequeue
+            yield from self._rejected_tick()
+            return
         else:
             request = self._new_effect(PROMPT_SUBMIT, FrozenDict({
                 "message": message_json, "signal": ctrl.signal}))
@@ -832,6 +937,11 @@ class AgentCore:
 
     def _rejected(self) -> _Proc:
         """R7.10: the rejected-admission tail."""
+        yield from self._reject()
+        yield from self._rejected_tick()
+
+    def _reject(self) -> _Proc:
+        """R7.10 steps 1-2: the window closes; staged context is appended unless steering is."""
         self.window.fire("reject")
         self.lifecycle.fire("reject")
         self._ctrl = None
@@ -839,6 +949,9 @@ class AgentCore:
             while len(self.outbox) and not self.outbox.has_steering:
                 context, _ = self.outbox.take()
                 yield self._commit(ev.USER_MESSAGE, context, surface=True)
+
+    def _rejected_tick(self) -> _Proc:
+        """R7.10 step 3: the rejected-admission tick."""
         tick = self._new_effect(TICK, FrozenDict({"purpose": "rejected-admission"}))
         yield tick
         yield from self._await(tick.id)
@@ -931,8 +1044,7 @@ class AgentCore:
                 self._reason = MAX_TOKENS
             following = decisions.after_step(outcome.had_calls, outcome.concluded,
                                              outcome.took_steering, self.outbox.has_steering)
-            if following == "close":
-                self._check_signal()                              # R8.4: before closing
+            if following == "close":                              # R8.4: no check here
                 return
             if following == "next-step":
                 self.lifecycle.fire("begin_step")
@@ -947,8 +1059,7 @@ class AgentCore:
                 raise _Failure(value)
             self._check_signal()
             took_steering = yield from self._drain()
-            if not took_steering:
-                self._check_signal()                              # R8.5: before closing
+            if not took_steering:                                 # R8.5: the turn ends
                 return
             self.lifecycle.fire("begin_step")
 
@@ -1011,6 +1122,7 @@ class AgentCore:
         open_kind: str | None = None      # P12: the run of text or reasoning chunks being folded
         chunk_seqs: list[int] = []
         finish: FrozenDict | None = None
+        usage: Frozen = None              # R9.8: the last usage chunk's figures
         # Why one _Wait for the whole stream (what `_await` yields, without a generator per
         # chunk): the loop below runs once per chunk.
         awaiting = _Wait(frozenset((model.id,)))
@@ -1052,8 +1164,11 @@ class AgentCore:
             durable = self._commit(ev.ASSISTANT_CHUNK, {"turn": turn, "step": step, "chunk": chunk})
             chunk_seqs.append(durable.event.seq)
             yield durable
-            if chunk["type"] == "finish":
+            chunk_type = chunk["type"]
+            if chunk_type == "finish":
                 finish = chunk
+            elif chunk_type == "usage":
+                usage = chunk["usage"]
             else:
                 open_kind = _fold(folded, chunk, open_kind)
         finish_kind = finish["kind"]
@@ -1069,13 +1184,14 @@ class AgentCore:
             blocks = [b for b in blocks if b.get("type") != "tool-call"]
         provider, model_name = config["provider"], config["model"]
         seq = len(self.log)
+        source: dict[str, Frozen] = {"kind": "model", "provider": provider, "model": model_name}
+        if "replayState" in finish:                               # P12
+            source["replayState"] = finish["replayState"]
         message = Message(id=self._mint("assistant", seq), role="assistant",
-                          content=FrozenList(blocks),
-                          source=FrozenDict({"kind": "model", "provider": provider,
-                                             "model": model_name}))
+                          content=FrozenList(blocks), source=FrozenDict(source))
         data: dict[str, Frozen] = {"turn": turn, "step": step, "message": frozen_message(message)}
-        if "usage" in finish:
-            data["usage"] = finish["usage"]
+        if usage is not None:
+            data["usage"] = usage
         yield self._commit(ev.ASSISTANT_MESSAGE, data, surface=True, sources=chunk_seqs)  # R9.8
         calls = [b for b in message.content if isinstance(b, FrozenDict)
                  and b.get("type") == "tool-call"]
@@ -1104,9 +1220,12 @@ class AgentCore:
         else:
             config = header["config"]
             assert isinstance(config, FrozenDict)
+            if any(_unset(config.get(key)) for key in ("provider", "model")):
+                # R9.6 step 3, as the original reports it: an uncoded error (R15.3).
+                raise _Failure(ErrorInfo(NO_ROUTE_MESSAGE, "Error"))
             for key in ("provider", "model"):
-                if not isinstance(config.get(key), str) or not config.get(key):
-                    problem_text = f"the request config has no {key}"
+                if not isinstance(config.get(key), str):
+                    problem_text = f"the request config's {key} must be a string"
                     break
         if problem_text is not None:
             raise _Failure(ErrorInfo(problem_text, "RequestConfigError", "INVALID_REQUEST_CONFIG"),
@@ -1173,7 +1292,6 @@ class AgentCore:
         assert ctrl is not None
         concluded = False
         failed_at: int | None = None
-        failure: _Failure | None = None
         next_start = 0
         while next_start < len(calls) and failed_at is None and not ctrl.aborted:
             first = calls[next_start]
@@ -1183,11 +1301,8 @@ class AgentCore:
             in_flight: dict[int, _Call] = {}       # execute effect id -> call
             commit_from = next_start
             while True:
-                # R10.2: on each settlement first commit what is committable, then start
-                # new calls up to the limit (and commit results their prepare produced).
-                done, commit_from, failed_at = yield from self._commit_ready(
-                    calls, commit_from, next_start, failed_at)
-                concluded = concluded or done
+                # R10.2: start calls up to the limit, committing what is committable after
+                # each start; on each settlement commit first, then start again.
                 while (group_open and failed_at is None and not ctrl.aborted
                        and len(in_flight) < limit and next_start < len(calls)):
                     call = calls[next_start]
@@ -1200,9 +1315,9 @@ class AgentCore:
                         failed_at = call.index
                     if not pool:
                         group_open = False
-                done, commit_from, failed_at = yield from self._commit_ready(
-                    calls, commit_from, next_start, failed_at)
-                concluded = concluded or done
+                    done, commit_from, failed_at = yield from self._commit_ready(
+                        calls, commit_from, next_start, failed_at)
+                    concluded = concluded or done
                 if not in_flight:
                     if (failed_at is not None or ctrl.aborted or not group_open
                             or next_start >= len(calls)):
@@ -1212,33 +1327,22 @@ class AgentCore:
                 assert mail is not None
                 effect_id, kind, value = mail
                 call = in_flight.pop(effect_id)
-                call.aborted_at_settle = ctrl.aborted
-                if kind == "raise":
-                    assert isinstance(value, ErrorInfo)
-                    call.outcome, call.error = "failed", value
-                else:
-                    try:
-                        call.result = ToolResult.from_json(value)
-                        call.outcome = "result"
-                    except ValidationError as problem:
-                        call.outcome = "failed"
-                        call.error = _invalid_result(problem)
-                        call.error_code = "INVALID_TOOL_RESULT"
+                self._settle_call(call, kind, value, ctrl.aborted)      # R10.3 step 5
                 if call.outcome == "failed" and (failed_at is None or call.index < failed_at):
                     failed_at = call.index
-            if failed_at is not None:
-                failed = calls[failed_at]
-                assert failed.error is not None
-                failure = _Failure(failed.error, code=failed.error_code or failed.error.code)
-                break
-        if failure is not None:                                   # R10.9
-            raise failure
+                done, commit_from, failed_at = yield from self._commit_ready(
+                    calls, commit_from, next_start, failed_at)
+                concluded = concluded or done
+        if failed_at is not None:                                 # R10.9
+            failed = calls[failed_at]
+            assert failed.error is not None
+            raise _Failure(failed.error, code="INVALID_TOOL_RESULT")
         if ctrl.aborted:                                          # R10.7 synthetic pairs
             for call in calls[next_start:]:
                 call_event = self._commit(ev.TOOL_CALL, self._call_data(call))
                 call.call_seq = call_event.event.seq
                 yield call_event
-                yield self._tool_result(call, ABD_ERROR, ABD_TEXT)
+                yield self._tool_result(call, ABD_RESULT)
         return concluded
 
     def _commit_ready(self, calls: list[_Call], commit_from: int, next_start: int,
@@ -1275,88 +1379,98 @@ class AgentCore:
         call_event = self._commit(ev.TOOL_CALL, self._call_data(call))
         call.call_seq = call_event.event.seq
         yield call_event
+        ctrl = self._ctrl
+        assert ctrl is not None
+        call.outcome = "settled"
+        if ctrl.aborted:                                          # R10.3 step 2: not prepared
+            call.result = ABD_RESULT
+            return
         prepare = self._new_effect(TOOL_PREPARE, self._stage_payload(call))
         yield prepare
         _, kind, value = yield from self._await(prepare.id)
-        if kind == "raise":
+        if kind == "raise":                                       # a final error result
             assert isinstance(value, ErrorInfo)
-            call.outcome, call.error = "failed", value
+            call.result = raised_result(value)
             return
-        if value is not None:
+        if value is not None:                                     # a final result
             try:
                 call.result = ToolResult.from_json(value)
             except ValidationError as problem:
                 call.outcome, call.error = "failed", _invalid_result(problem)
-                call.error_code = "INVALID_TOOL_RESULT"
-                return
-            call.outcome, call.from_prepare = "result", True
             return
-        ctrl = self._ctrl
-        assert ctrl is not None
-        if ctrl.aborted:
-            call.outcome = "abd"
+        call.needs_finalize = True
+        if ctrl.aborted:                                          # R10.3 step 4: not dispatched
+            call.result = ABD_RESULT
             return
         execute = self._new_effect(TOOL_EXECUTE, self._stage_payload(call))
         in_flight[execute.id] = call
-        call.outcome = "running"
+        call.outcome, call.dispatched = "running", True
         yield execute
+
+    def _settle_call(self, call: _Call, kind: str, value: Any, aborted: bool) -> None:
+        """R10.3 step 5: the body's result (the R10.11 aborted result in place of a success
+        settled while the signal is aborted), R10.12's for a raise, a failure if invalid."""
+        if kind == "raise":
+            assert isinstance(value, ErrorInfo)
+            call.outcome, call.result = "settled", raised_result(value)
+            return
+        try:
+            result = ToolResult.from_json(value)
+        except ValidationError as problem:
+            call.outcome, call.error = "failed", _invalid_result(problem)
+            return
+        if aborted and not result.is_error:
+            result = _canonical_result(ABORTED_ERROR, ABORTED_TEXT, result.additional_contexts)
+        call.outcome, call.result = "settled", result
 
     def _commit_call(self, call: _Call) -> Generator[Output | _Wait, _Mail | None, bool]:
         """R10.4: finalize, validate, append the result, stage contexts; True if it concludes."""
-        concludes = False
-        if call.outcome == "abd":
-            yield self._tool_result(call, ABD_ERROR, ABD_TEXT)
-            return False
         if call.outcome == "failed":
             return False
         result = call.result
         assert result is not None
-        if not call.from_prepare:
+        if call.needs_finalize:                                   # R10.4 step 1
             finalize = self._new_effect(TOOL_FINALIZE, self._stage_payload(
-                call, result=frozen_json(result)))
+                call, result=frozen_json(normalized(result))))
             yield finalize
             _, kind, value = yield from self._await(finalize.id)
             if kind == "raise":
                 assert isinstance(value, ErrorInfo)
-                call.outcome, call.error = "failed", value
-                return False
-            try:
-                result = ToolResult.from_json(value)
-            except ValidationError as problem:
-                call.outcome, call.error = "failed", _invalid_result(problem)
-                call.error_code = "INVALID_TOOL_RESULT"
-                return False
-        body_is_error = call.result is None or call.result.is_error
-        if decisions.tool_result_aborted(call.aborted_at_settle, body_is_error,
-                                         call.from_prepare):              # R10.11
-            yield self._tool_result(call, ABORTED_ERROR, ABORTED_TEXT)
-        else:
-            block: dict[str, Frozen] = {"type": "tool-result", "toolCallId": call.call_id,
-                                        "content": result.content}
-            if result.is_error:
-                block["isError"] = True
-            seq = len(self.log)
-            message = Message(id=self._mint("tool-result", seq), role="user",
-                              content=FrozenList((FrozenDict(block),)),
-                              source=FrozenDict({"kind": "tool", "callId": call.call_id}))
-            data: dict[str, Frozen] = {"turn": self._turn, "step": self._step,
-                                       "message": frozen_message(message)}
-            if result.error is not None:
-                data["error"] = result.error
-            if result.meta is not None:
-                data["meta"] = result.meta
-            yield self._commit(ev.TOOL_RESULT, data, surface=True, sources=[call.call_seq])
-            concludes = decisions.concludes(result.concludes_turn, result.is_error, False)  # R10.6
-        for context in result.additional_contexts:            # R10.4.4
+                result = raised_result(value)
+            else:
+                try:
+                    result = ToolResult.from_json(value)
+                except ValidationError as problem:
+                    call.outcome, call.error = "failed", _invalid_result(problem)
+                    return False
+                ctrl = self._ctrl
+                if ctrl is not None and ctrl.aborted and not result.is_error:   # R10.4 step 1
+                    result = (_canonical_result(ABORTED_ERROR, ABORTED_TEXT,
+                                                result.additional_contexts) if call.dispatched
+                              else _canonical_result(ABD_ERROR, ABD_TEXT,
+                                                     result.additional_contexts))
+        result = normalized(result)                               # R10.4 step 2 (V16)
+        yield self._tool_result(call, result)                     # R10.4 step 3
+        for context in result.additional_contexts:                # R10.4 step 4
             self.outbox.stage(context, False)
-        return concludes
+        return decisions.concludes(result.concludes_turn, result.is_error, False)  # R10.6
 
-    def _tool_result(self, call: _Call, error: FrozenDict, text: str) -> Durable:
+    def _tool_result(self, call: _Call, result: ToolResult) -> Durable:
+        block: dict[str, Frozen] = {"type": "tool-result", "toolCallId": call.call_id,
+                                    "content": result.content}
+        if result.is_error:
+            block["isError"] = True
         seq = len(self.log)
-        message = _text_message(self._mint("tool-result", seq), call.call_id, text)
-        return self._commit(ev.TOOL_RESULT, {"turn": self._turn, "step": self._step,
-                                             "message": frozen_message(message), "error": error},
-                            surface=True, sources=[call.call_seq])
+        message = Message(id=self._mint("tool-result", seq), role="user",
+                          content=FrozenList((FrozenDict(block),)),
+                          source=FrozenDict({"kind": "tool", "callId": call.call_id}))
+        data: dict[str, Frozen] = {"turn": self._turn, "step": self._step,
+                                   "message": frozen_message(message)}
+        if result.error is not None:
+            data["error"] = result.error
+        if result.meta is not None:
+            data["meta"] = result.meta
+        return self._commit(ev.TOOL_RESULT, data, surface=True, sources=[call.call_seq])
 
 
 def _invalid_result(problem: ValidationError) -> ErrorInfo:
@@ -1371,8 +1485,14 @@ def _is_retry(value: JsonLike) -> bool:
 
 
 def _chunk_content_problem(chunk: FrozenDict) -> str | None:
-    """Rule P12: the fields a content-carrying chunk needs."""
+    """Rule P12: a streamed chunk's type is one of CHUNK_TYPES (D5), a finish carries no
+    usage (usage is its own chunk), and a content-carrying chunk has the fields it needs."""
     kind = chunk["type"]
+    if kind not in CHUNK_TYPES:
+        return (f"invalid chunk: {kind!r} is not a chunk type (one of "
+                f"{', '.join(sorted(CHUNK_TYPES))})")
+    if kind == "finish" and "usage" in chunk:
+        return "invalid chunk: a finish chunk carries no usage; usage is its own chunk"
     if kind in ("text", "reasoning") and not isinstance(chunk.get("text"), str):
         return f"invalid chunk: a {kind} chunk needs a string 'text'"
     if kind == "tool-call":

@@ -154,6 +154,23 @@ class Append:
 
 
 @dataclass(frozen=True, slots=True)
+class Observer:
+    """What observers do (rule P14): ``throw``, the observers of the last output pulled raise
+    (their driver contains it); ``veto``, pre-commit observers refuse the next durable append,
+    where an implementation lets them. Neither reaches the core: its observers run after
+    commit and their failures are their driver's (L11, D7), so the core takes it as a no-op;
+    the input exists so that a port with in-process observers can be checked against it."""
+
+    action: str
+
+    def to_json(self) -> dict[str, JsonLike]:
+        return {"in": "observer", "action": self.action}
+
+
+OBSERVER_ACTIONS: Final = ("throw", "veto")
+
+
+@dataclass(frozen=True, slots=True)
 class Resolve:
     effect: int
     value: JsonLike = None
@@ -189,8 +206,8 @@ class End:
         return {"in": "end", "effect": self.effect}
 
 
-Input: TypeAlias = Send | Cancel | Dispose | Append | Resolve | Raise | Chunk | End
-Command: TypeAlias = Send | Cancel | Dispose | Append
+Input: TypeAlias = Send | Cancel | Dispose | Append | Observer | Resolve | Raise | Chunk | End
+Command: TypeAlias = Send | Cancel | Dispose | Append | Observer
 Completion: TypeAlias = Resolve | Raise | Chunk | End
 
 PRESETS: Final = {"followup": FOLLOWUP, "steer": STEER, "inject": INJECT}
@@ -213,6 +230,7 @@ def input_from_json(value: JsonLike, path: str = "input") -> Input:
         "steer": {"in", "message"}, "inject": {"in", "message"},
         "cancel": {"in", "cause", "keepInbox"}, "dispose": {"in"},
         "append": {"in", "type", "data", "surfaceOp", "sourceEventSeqs"},
+        "observer": {"in", "action"},
         "resolve": {"in", "effect", "value"}, "raise": {"in", "effect", "error"},
         "chunk": {"in", "effect", "chunk"}, "end": {"in", "effect"},
     }
@@ -232,6 +250,11 @@ def input_from_json(value: JsonLike, path: str = "input") -> Input:
         return Cancel(value.get("cause"), keep)
     if kind == "dispose":
         return Dispose()
+    if kind == "observer":
+        action = value.get("action")
+        if action not in OBSERVER_ACTIONS:
+            raise CodecError(f"{path}.action", f"must be one of {', '.join(OBSERVER_ACTIONS)}")
+        return Observer(str(action))
     if kind == "append":
         if not isinstance(value.get("type"), str):
             raise CodecError(f"{path}.type", "must be a string event type")

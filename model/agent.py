@@ -1,9 +1,10 @@
 """`ModelAgent`: a deliberately plain, rule-by-rule executable reading of the spec.
 
 This is the *reference model* of the agent core. It is written from
-``shared/reference/semantics.md`` (rules §0–§21, D1–D8; cited as "§x.y") and
-``specs/protocol.md`` (rules P1–P13), never from ``machine/core.py``. Speed
-does not matter here; obviousness does.
+``shared/reference/semantics.md`` (rules §0–§21, D1–D8; cited as "§x.y"),
+``specs/differences.md`` (the decisions about the original: where this project
+follows it, and D9–D12) and ``specs/protocol.md`` (rules P1–P14), never from
+``machine/core.py``. Speed does not matter here; obviousness does.
 
 Shape of the model
 ------------------
@@ -82,6 +83,7 @@ from machine.io import (
     End,
     Input,
     Live,
+    Observer,
     Output,
     Raise,
     Resolve,
@@ -166,12 +168,25 @@ class _Reports:
 
 
 @dataclass
+class _Scope:
+    """One effective cancel, while what it queued is still being delivered (P7, D9): its
+    reports (None for a keepInbox cancel, until a joined cancel clears something), its
+    queued ``abort`` entry (None if it aborted nothing), and whether input was cleared into
+    its reports at the position being observed."""
+
+    reports: _Reports | None
+    abort: _Entry | None = None
+    fresh: int = 0
+
+
+@dataclass
 class _Entry:
     """One entry of the output queue: an output, or a pending report (P7)."""
 
     output: Output | None = None
     report: Literal["inbox", "context"] | None = None
-    reports: _Reports | None = None  # for a report, or for a cancel-requested that has reports
+    reports: _Reports | None = None  # for a report
+    scope: _Scope | None = None  # for a cancel-requested: the cancel it announces
 
 
 class _Stop(Exception):
@@ -215,15 +230,43 @@ class _Call:
     state: Literal["unstarted", "inflight", "settled", "committed", "failed"] = "unstarted"
     call_seq: int = -1
     execute_effect: int | None = None
-    aborted_before_dispatch: bool = False
-    result: ToolResult | None = None  # the body's result, or the final result from prepare
-    from_prepare: bool = False
-    aborted_at_settlement: bool = False  # §10.11
+    dispatched: bool = False  # execute was requested: a late success becomes ABORTED (§10.11)
+    result: ToolResult | None = None  # what the call has so far (§10.3, R10.3)
+    final: bool = False  # the result skips finalize (from prepare, a prepare raise, R10.3)
     error: ErrorInfo | None = None  # why the call failed (§10.9)
 
 
 ABORTED_BEFORE_DISPATCH_TEXT = "Error: tool call aborted before dispatch"
 ABORTED_TEXT = "Error: tool call aborted"
+
+
+def _aborted_result(code: str, text: str, contexts: Sequence[Message] = ()) -> ToolResult:
+    """§10.10, §10.11 (R10.10, R10.11): a canonical aborted result; when it stands in for a
+    result, that result's additional contexts ride along."""
+    return ToolResult.from_json({
+        "content": [{"type": "text", "text": text}], "isError": True,
+        "error": {"name": "AbortError", "code": code},
+        "additionalContexts": [_message_json(m) for m in contexts]})
+
+
+def _result_of_raise(error: ErrorInfo) -> ToolResult:
+    """R10.12: a raising stage stands for the error result ``Error: <message>``, with
+    ``error {name, code}`` for a coded error only."""
+    value: dict[str, JsonLike] = {"content": [{"type": "text", "text": "Error: " + error.message}],
+                                  "isError": True}
+    if error.code is not None:
+        value["error"] = {"name": error.name, "code": error.code}
+    return ToolResult.from_json(value)
+
+
+def _normal(result: ToolResult) -> ToolResult:
+    """V16: an error result has no concludesTurn, a successful one no error."""
+    value = result.to_json()
+    if result.is_error:
+        value.pop("concludesTurn", None)
+    else:
+        value.pop("error", None)
+    return ToolResult.from_json(value)
 
 
 def _default_mint(kind: str, seq: int) -> str:
@@ -252,9 +295,9 @@ def _plan_arguments(raw: str) -> Frozen:
 
 
 def _header_problem(value: JsonLike) -> str | None:
-    """P13: the request effect's value must be ``{config, system?, tools?}`` whose
-    ``config`` has non-empty string ``provider`` and ``model``. (The texts are the
-    project's; P13 does not state them.)"""
+    """P13: the request effect's value must be JSON of the shape ``{config, system?,
+    tools?}`` with a mapping ``config``. (The texts are the project's; P13 does not state
+    them.)"""
     try:
         header = freeze(value, "header")
     except ValidationError as exc:
@@ -264,19 +307,49 @@ def _header_problem(value: JsonLike) -> str | None:
     extra = sorted(set(header) - {"config", "system", "tools"})
     if extra:
         return f"unexpected header field(s) {extra}"
-    config = header["config"]
-    assert isinstance(config, FrozenDict)
-    for key in ("provider", "model"):
-        item = config.get(key)
-        if not isinstance(item, str) or not item:
-            return f"the request config has no {key}"
     return None
 
 
+def _route_problem(header: FrozenDict) -> str | None:
+    """P13: provider and model, once present, must be strings (D5)."""
+    config = header["config"]
+    assert isinstance(config, FrozenDict)
+    for key in ("provider", "model"):
+        if not isinstance(config.get(key), str):
+            return f"the request config's {key} must be a string"
+    return None
+
+
+#: §3.5, §9.6 (R9.6): a config without provider or model fails request preparation with an
+#: uncoded error, as in the original; the text is the project's.
+NO_ROUTE = ("the request config has no provider/model: set them in "
+            "CoreConfig.request_options or return both from the request effect")
+
+
+def _lacks_route(value: JsonLike) -> bool:
+    """Whether a structurally sound header's config lacks provider or model: absent, or a
+    value the original's ``!config.provider`` check counts as missing (null, false, 0, '')."""
+    config = value.get("config") if isinstance(value, (dict, FrozenDict)) else None
+    if not isinstance(config, (dict, FrozenDict)):
+        return False
+    for key in ("provider", "model"):
+        item = config.get(key)
+        if item is None or item is False or item == "" or (
+                type(item) in (int, float) and item == 0):
+            return True
+    return False
+
+
 def _chunk_problem(chunk: FrozenDict) -> str | None:
-    """P12: the fields a content-carrying chunk must have (the texts are the project's;
-    P12 does not state them)."""
+    """P12: the chunk types a stream may carry (§1.20 read with the original's closed chunk
+    union; D5), no usage on a finish (usage is its own chunk), and the fields a
+    content-carrying chunk must have (the texts are the project's; P12 does not state them)."""
     kind = chunk["type"]
+    if kind not in ("text", "reasoning", "tool-call", "block", "usage", "finish"):
+        return ("invalid chunk: " + repr(kind) + " is not a chunk type (one of block, finish, "
+                "reasoning, text, tool-call, usage)")
+    if kind == "finish" and "usage" in chunk:
+        return "invalid chunk: a finish chunk carries no usage; usage is its own chunk"
     if kind in ("text", "reasoning"):
         if not isinstance(chunk.get("text"), str):
             return f"invalid chunk: a {kind} chunk needs a string 'text'"
@@ -297,11 +370,6 @@ def _chunk_problem(chunk: FrozenDict) -> str | None:
     return None
 
 
-def _is_error_result(value: JsonLike) -> bool:
-    """§10.11: whether a body settled with an error result (``isError: true``)."""
-    return isinstance(value, (dict, FrozenDict)) and value.get("isError") is True
-
-
 # --------------------------------------------------------------------------
 # The model
 # --------------------------------------------------------------------------
@@ -309,7 +377,7 @@ def _is_error_result(value: JsonLike) -> bool:
 
 class ModelAgent:
     """The reference model of `machine.core.AgentCore`: same commands, same completions,
-    same outputs (P1–P13), written rule by rule from the spec."""
+    same outputs (P1–P15), written rule by rule from the spec."""
 
     # -- construction (P11, §23.2) ---------------------------------------------
 
@@ -343,7 +411,7 @@ class ModelAgent:
         self._settle: dict[str, JsonLike] = {"kind": "completed"}
         # Protocol state (P1–P10).
         self._out: list[_Entry] = []
-        self._window_reports: _Reports | None = None
+        self._cancel_scope: _Scope | None = None  # P7: the cancel whose notice is observed
         self._effects: dict[int, _EffectRecord] = {}
         self._next_effect = 0
         self._next_signal = 1  # P4 leaves signal ids open; the project numbers them from 1
@@ -429,10 +497,11 @@ class ModelAgent:
 
     def _insert(self, entry: _Entry) -> None:
         """P7/P8: the insertion point of a new queue entry."""
-        reports = self._window_reports
-        if reports is not None:
+        scope = self._cancel_scope
+        if scope is not None:  # P7: before what that cancel still has queued
             for index, queued in enumerate(self._out):
-                if queued.report is not None and queued.reports is reports:
+                if ((queued.report is not None and queued.reports is scope.reports)
+                        or queued is scope.abort):
                     self._out.insert(index, entry)
                     return
         self._out.append(entry)
@@ -491,9 +560,9 @@ class ModelAgent:
     def _pull(self) -> Output | None:
         """P1, P7: take the queue's head. A pending report is materialized now and
         dropped if empty. Pulling anything ends a P7 window; pulling a cancel-requested
-        that has reports opens one."""
+        opens one for its cancel."""
         entry = self._out.pop(0)
-        self._window_reports = None
+        self._cancel_scope = None
         if entry.report is not None:
             reports = entry.reports
             assert reports is not None
@@ -505,8 +574,9 @@ class ModelAgent:
             if not reports.context:
                 return None
             return Live(LiveEvent(CONTEXT_DISCARD, self._messages_payload(reports.context)))
-        if entry.reports is not None:
-            self._window_reports = entry.reports
+        if entry.scope is not None:
+            self._cancel_scope = entry.scope
+            entry.scope.fresh = 0
         assert entry.output is not None
         return entry.output
 
@@ -616,6 +686,8 @@ class ModelAgent:
             self.cancel(item.cause, item.keep_inbox)
         elif isinstance(item, Dispose):
             self.dispose()
+        elif isinstance(item, Observer):
+            pass  # P14, §0.1 "contained", D7: observers run after commit; nothing to do here
         elif isinstance(item, Append):
             self.append(item.type, item.data, surface_op=item.surface_op,
                         source_event_seqs=item.source_event_seqs)
@@ -646,9 +718,10 @@ class ModelAgent:
         if opts.target == "next-step" and not opts.wakeup:  # inject (§5.2)
             if self._window:
                 self._outbox.append(_Staged(msg, steering=False))
-                if self._window_reports is not None:
+                reports = self._scope_reports()
+                if reports is not None:
                     self._outbox.pop()
-                    self._window_reports.context.append(msg)
+                    reports.context.append(msg)
             else:
                 self._append(USER_MESSAGE, _message_json(msg))
             return
@@ -660,13 +733,23 @@ class ModelAgent:
             if opts.wakeup:
                 self._request_wake()
         self._live(INBOX_ENQUEUE, message=_message_json(msg), placement=placement)
-        if self._window_reports is not None:
+        reports = self._scope_reports()
+        if reports is not None:
             if placement == "steering":
                 self._outbox.pop()
-                self._window_reports.steering.append(msg)
+                reports.steering.append(msg)
             else:
                 self._queued.pop()
-                self._window_reports.queued.append(msg)
+                reports.queued.append(msg)
+
+    def _scope_reports(self) -> _Reports | None:
+        """P7: while a cancel's notice with pending reports is observed, accepted input is
+        cleared by that cancel (counted as fresh, D9)."""
+        scope = self._cancel_scope
+        if scope is None or scope.reports is None:
+            return None
+        scope.fresh += 1
+        return scope.reports
 
     def followup(self, message: JsonLike) -> None:
         """§1.8: next-turn + wakeup."""
@@ -698,55 +781,90 @@ class ModelAgent:
 
     def _cancel(self, cause: CancelCause, keep_inbox: bool) -> None:
         """§16.1 effectiveness; §16.2 steps 1–4 (P7: all at once, reports pending);
-        §16.3 first cause wins; D2 drops a pending retry; D6 context report."""
+        §16.3 first cause wins; D2 drops a pending retry; D6 context report; a cancel
+        issued while another one's notice is observed joins it (P7, D9)."""
+        if self._cancel_scope is not None:
+            self._join(self._cancel_scope, cause, keep_inbox)
+            return
         effective = (self._owner is not None or self._pending_retry
                      or (not keep_inbox and (bool(self._queued) or bool(self._outbox))))
-        joined = self._window_reports
-        if joined is not None:
-            # §19 (cancel-requested observers: "the first cause stands; emits
-            # agent/cancel-requested again"), P7: nothing of the earlier cancel has been
-            # cleared yet as far as its observers can tell, so this cancel joins it: it is
-            # effective if the earlier reports hold anything, and adds no reports of its own.
-            held = bool(joined.queued or joined.steering or joined.context)
-            if not (effective or (not keep_inbox and held)):
-                return
-            if cause.kind != "disposed":
-                payload = freeze({"cause": cause.to_json()}, "payload", max_depth=None)
-                assert isinstance(payload, FrozenDict)
-                self._insert(_Entry(output=Live(LiveEvent(CANCEL_REQUESTED, payload)),
-                                    reports=joined))
-            self._pending_retry = False
-            self._abort_owner(cause)
-            return
         if not effective:
             return
-        reports: _Reports | None = None
+        scope = _Scope(reports=None)
         if not keep_inbox:
-            reports = _Reports(
-                queued=[item.message for item in self._queued],
-                steering=[item.message for item in self._outbox if item.steering],
-                context=[item.message for item in self._outbox if not item.steering])
-            self._queued = []
-            self._outbox = []
+            scope.reports = self._take_everything()
         if cause.kind != "disposed":
-            payload = freeze({"cause": cause.to_json()}, "payload", max_depth=None)
-            assert isinstance(payload, FrozenDict)
-            self._insert(_Entry(output=Live(LiveEvent(CANCEL_REQUESTED, payload)),
-                                reports=reports))
-        if reports is not None:
-            self._insert(_Entry(report="inbox", reports=reports))
-            self._insert(_Entry(report="context", reports=reports))
+            self._insert(_Entry(output=self._cancel_notice(cause), scope=scope))
+        if scope.reports is not None:
+            self._insert(_Entry(report="inbox", reports=scope.reports))
+            self._insert(_Entry(report="context", reports=scope.reports))
         self._pending_retry = False
-        self._abort_owner(cause)
-
-    def _abort_owner(self, cause: CancelCause) -> None:
-        """§16.2 step 4, §16.3, P5: abort the current controller, if any, with the cause;
-        the first cause wins and ``abort`` is queued once per controller."""
         owner = self._owner
-        if owner is not None and owner.reason is None:
+        if owner is not None and owner.reason is None:  # §16.3: the first cause wins
             owner.reason = cause
-            self._queue(Control("abort", FrozenDict({"signal": owner.signal,
-                                                     "reason": FrozenDict(cause.to_json())})))
+            scope.abort = _Entry(output=self._abort_notice(owner.signal, cause))
+            self._insert(scope.abort)
+
+    def _join(self, scope: _Scope, cause: CancelCause, keep_inbox: bool) -> None:
+        """§16.2 step 1 read literally (P7): a cancel issued by an observer of another
+        cancel's notice runs before that cancel clears and aborts, so it is the one that
+        aborts (its cause is the reason). D9: it does anything only if it has something new
+        to clear: the input accepted at this position, when that cancel cleared (it is in
+        its reports already), or whatever is queued or staged, when it kept the inbox."""
+        if keep_inbox:
+            return
+        if scope.reports is not None:
+            if scope.fresh == 0:
+                return
+            scope.fresh = 0
+            if cause.kind != "disposed":
+                self._insert(_Entry(output=self._cancel_notice(cause), scope=scope))
+        else:
+            if not (self._queued or self._outbox):
+                return
+            if cause.kind != "disposed":
+                self._insert(_Entry(output=self._cancel_notice(cause), scope=scope))
+            taken = self._take_everything()
+            # its reports go where the first cancel's abort is still queued, but never ahead
+            # of the enqueue notice of an item they list (accepted after the first cancel)
+            listed = {m.id for m in taken.queued + taken.steering + taken.context}
+            at = next((i for i, queued in enumerate(self._out) if queued is scope.abort),
+                      len(self._out))
+            for index, queued in enumerate(self._out):
+                output = queued.output
+                if isinstance(output, Live) and output.event.type == INBOX_ENQUEUE:
+                    announced = output.event.payload.get("message")
+                    if isinstance(announced, FrozenDict) and announced.get("id") in listed:
+                        at = max(at, index + 1)
+            self._out[at:at] = [_Entry(report="inbox", reports=taken),
+                                _Entry(report="context", reports=taken)]
+            scope.reports = taken
+        self._pending_retry = False
+        if scope.abort is not None and self._owner is not None:
+            self._owner.reason = cause
+            scope.abort.output = self._abort_notice(self._owner.signal, cause)
+
+    def _take_everything(self) -> _Reports:
+        """§16.2 step 2: take every queued item, then the staged steering, then the staged
+        context, each in FIFO order, and empty both lists."""
+        reports = _Reports(
+            queued=[item.message for item in self._queued],
+            steering=[item.message for item in self._outbox if item.steering],
+            context=[item.message for item in self._outbox if not item.steering])
+        self._queued = []
+        self._outbox = []
+        return reports
+
+    @staticmethod
+    def _cancel_notice(cause: CancelCause) -> Output:
+        payload = freeze({"cause": cause.to_json()}, "payload", max_depth=None)
+        assert isinstance(payload, FrozenDict)
+        return Live(LiveEvent(CANCEL_REQUESTED, payload))
+
+    @staticmethod
+    def _abort_notice(signal: int, cause: CancelCause) -> Output:
+        return Control("abort", FrozenDict({"signal": signal,
+                                            "reason": FrozenDict(cause.to_json())}))
 
     def dispose(self) -> None:
         """§17.1 step 1 (project decision): ``cancel({kind:'disposed'})`` at once, with no
@@ -840,8 +958,15 @@ class ModelAgent:
         claimed = item.message
         admitted: list[Message] | None = None
         if controller.reason is not None:  # §7.5: rejected, prompt-submit not invoked
+            # P15, as the original orders it: the admission body runs on to its yield (the
+            # owner released, §7.8; §7.10 steps 1-2) before the claim emits the dequeue notice,
+            # and the tick of that yield is requested after the notice.
+            self._owner = None
+            yield from self._reject_admission()
             self._live(INBOX_DEQUEUE, message=_message_json(claimed), placement="queued")
             yield None
+            yield from self._rejected_tick()
+            return
         else:
             effect = self._request(PROMPT_SUBMIT, message=_message_json(claimed),
                                    signal=controller.signal)
@@ -886,12 +1011,20 @@ class ModelAgent:
     def _rejected(self) -> Proc:
         """§7.10: close the window; append staged context between turns unless any steering
         is staged; yield one tick; then continue-or-idle (in the caller)."""
+        yield from self._reject_admission()
+        yield from self._rejected_tick()
+
+    def _reject_admission(self) -> Proc:
+        """§7.10 steps 1–2."""
         self._window = False
         if not any(item.steering for item in self._outbox):
             while self._outbox:
                 staged = self._outbox.pop(0)
                 self._append(USER_MESSAGE, _message_json(staged.message))
                 yield None
+
+    def _rejected_tick(self) -> Proc:
+        """§7.10 step 3: one tick."""
         tick = self._request(TICK, purpose="rejected-admission")
         yield None
         yield _Wait(frozenset({tick}))
@@ -969,9 +1102,8 @@ class ModelAgent:
             if outcome.max_tokens:  # §14.3
                 self._reason = {"kind": "max-tokens"}
             if outcome.concluded:
-                # §19 (step/end observers: "the turn ends aborted at the next check"), §16.4:
-                # the signal is checked before the loop is left.
-                self._check(controller)
+                # §8.4: a concluding result leaves the loop at once, with no signal check
+                # (a cancel at that step/end does not change the reason, as in the original).
                 return
             if outcome.continue_turn or any(item.steering for item in self._outbox):
                 continue
@@ -983,9 +1115,7 @@ class ModelAgent:
                 raise _raised(completion.error)
             self._check(controller)
             took_steering = yield from self._drain(None)
-            if not took_steering:
-                # §19 (observers of the turn-stopping drain: "turn/end(aborted)"), §16.4.
-                self._check(controller)
+            if not took_steering:  # §8.5: leave the loop (no further check)
                 return
 
     def _fail(self, controller: _Controller, stop: _Stop) -> Proc:
@@ -1078,23 +1208,28 @@ class ModelAgent:
         self._check(controller)
         header = yield from self._build_request(controller, system)  # §9.6
         try:
-            content, usage, seqs, finish_kind = yield from self._stream(controller, header,
-                                                                        history_end)
+            content, usage, seqs, finish = yield from self._stream(controller, header,
+                                                                   history_end)
         except _Stop as stop:
             if stop.kind != "request":
                 raise
             yield from self._request_failure(controller, stop)
             return None
+        finish_kind = finish["kind"]
         if finish_kind == "max-tokens":  # §9.8, §14.1
             content = [b for b in content
                        if not (isinstance(b, FrozenDict) and b.get("type") == "tool-call")]
         config = header["config"]
         assert isinstance(config, FrozenDict)
         seq = len(self.log)
+        source: dict[str, JsonLike] = {"kind": "model", "provider": config["provider"],
+                                       "model": config["model"]}
+        if "replayState" in finish:  # §1.4, §9.8: the adapter's replay state rides the source
+            source["replayState"] = finish["replayState"]
+        frozen_source = freeze(source, "source")
+        assert isinstance(frozen_source, FrozenDict)
         message = Message(id=self._mint("assistant", seq), role="assistant",
-                          content=FrozenList(content),
-                          source=FrozenDict({"kind": "model", "provider": config["provider"],
-                                             "model": config["model"]}))
+                          content=FrozenList(content), source=frozen_source)
         data: dict[str, JsonLike] = {"turn": turn, "step": step, "message": _message_json(message)}
         if usage is not None:
             data["usage"] = usage
@@ -1134,8 +1269,13 @@ class ModelAgent:
         problem = _header_problem(completion.value)
         if problem is not None:
             raise _generic(problem, "RequestConfigError", "INVALID_REQUEST_CONFIG")
+        if _lacks_route(completion.value):
+            raise _Stop("generic", ErrorInfo(message=NO_ROUTE, name="Error"))
         header = freeze(completion.value, "header")
         assert isinstance(header, FrozenDict)
+        problem = _route_problem(header)
+        if problem is not None:
+            raise _generic(problem, "RequestConfigError", "INVALID_REQUEST_CONFIG")
         last_header = self.log.last_header
         if not self._header_logged:
             reason = "resume" if last_header is not None else "initial"
@@ -1149,16 +1289,18 @@ class ModelAgent:
 
     def _stream(self, controller: _Controller, header: FrozenDict, history_end: int
                 ) -> Generator[_Wait | None, Completion | None,
-                               tuple[list[Frozen], Frozen, list[int], str]]:
+                               tuple[list[Frozen], Frozen, list[int], FrozenDict]]:
         """§9.7, P5, P12: consume the model stream chunk by chunk: check the signal,
-        validate, append ``assistant/chunk``, fold. Returns the folded content, the usage,
-        the chunk seqs and the finish kind; raises a request failure or a generic failure."""
+        validate, append ``assistant/chunk``, fold. Returns the folded content, the usage
+        (of the last usage chunk, §9.8), the chunk seqs and the finish chunk; raises a
+        request failure or a generic failure."""
         effect = self._request(MODEL, history_end=history_end, turn=self._turn, step=self._step,
                                signal=controller.signal, header=header, historyEnd=history_end)
         yield None
         content: list[Frozen] = []
         seqs: list[int] = []
         finish: FrozenDict | None = None
+        usage: Frozen = None
         previous_type: str | None = None  # the type of the last content-carrying chunk
         chunk: FrozenDict | None = None
         while True:
@@ -1213,6 +1355,8 @@ class ModelAgent:
                                            "arguments": chunk["arguments"]}))
             elif chunk_type == "block":
                 content.append(chunk["block"])
+            elif chunk_type == "usage":
+                usage = chunk["usage"]
             elif chunk_type == "finish":
                 finish = chunk
             assert isinstance(chunk_type, str)
@@ -1226,7 +1370,7 @@ class ModelAgent:
                      else LlmFailure("model request aborted", "ABORTED"))
             raise _Stop("request", ErrorInfo(message=facts.message, name="ModelRequestError",
                                              code=facts.code, failure=facts), facts)
-        return content, finish.get("usage"), seqs, kind
+        return content, usage, seqs, finish
 
     def _request_failure(self, controller: _Controller, stop: _Stop) -> Proc:
         """§13.2: ``step/end``; request-error unless aborted; a retry only if still not
@@ -1281,9 +1425,9 @@ class ModelAgent:
             group_start = state.next_start
             group_open = True
             while True:
-                yield from self._commit_ready(controller, state)
-                # §10.2/§10.3: start calls up to the limit, then commit (no commit between
-                # starts); §10.7/§10.9: no start once aborted or failed.
+                # §10.2/§10.3, R10.2: start calls up to the limit, committing what can be
+                # committed after each start (as the original's pool does);
+                # §10.7/§10.9: no start once aborted or failed.
                 while (group_open and state.failed_at() is None and controller.reason is None
                        and state.inflight() < limit and state.next_start < len(calls)):
                     call = calls[state.next_start]
@@ -1293,18 +1437,19 @@ class ModelAgent:
                     yield from self._start(controller, state)
                     if not in_pool:
                         group_open = False
-                yield from self._commit_ready(controller, state)
+                    yield from self._commit_ready(controller, state)
                 if state.inflight() == 0:
                     if (state.failed_at() is not None or controller.reason is not None
                             or not group_open or state.next_start >= len(calls)):
                         break
                     continue
                 yield from self._settle_one(controller, state)  # calls already dispatched are awaited
+                yield from self._commit_ready(controller, state)
         failed_at = state.failed_at()
         if failed_at is not None:  # §10.9
             error = calls[failed_at].error
             assert error is not None
-            raise _Stop("generic", error)
+            raise _Stop("generic", error)  # only an invalid value fails a batch (R10.9, D5)
         if controller.reason is not None:  # §10.7: synthetic pairs for every unstarted call
             for call in calls[state.next_start:]:
                 call_event = self._append(TOOL_CALL, self._call_data(call))
@@ -1338,56 +1483,62 @@ class ModelAgent:
             return None
 
     def _start(self, controller: _Controller, state: _BatchState) -> Proc:
-        """§10.3: append ``tool/call``; run prepare alone; a final result settles the call;
-        otherwise check the signal: aborted → not dispatched (aborted-before-dispatch),
-        else dispatch execute."""
+        """§10.3 read with the original (R10.3): append ``tool/call``; if the signal is
+        already aborted the call gets the aborted-before-dispatch result and no stage runs;
+        otherwise prepare alone: a raise is the call's final error result, a value its final
+        result, ``null`` goes on; then the signal check: aborted → not dispatched
+        (aborted-before-dispatch, which finalize still sees), else execute."""
         call = state.calls[state.next_start]
         state.next_start += 1
         call_event = self._append(TOOL_CALL, self._call_data(call))
         call.call_seq = call_event.seq
         yield None
+        if controller.reason is not None:
+            call.result, call.final, call.state = (
+                _aborted_result("ABORTED_BEFORE_DISPATCH", ABORTED_BEFORE_DISPATCH_TEXT),
+                True, "settled")
+            return
         effect = self._request(TOOL_PREPARE, **self._stage_payload(controller, call))
         yield None
         completion = yield _Wait(frozenset({effect}))
-        if isinstance(completion, Raise):  # §10.9: a runner stage raised
-            call.state = "failed"
-            call.error = completion.error
+        if isinstance(completion, Raise):
+            call.result, call.final, call.state = _result_of_raise(completion.error), True, "settled"
             return
         assert isinstance(completion, Resolve)
         if completion.value is not None:  # a final result from prepare
             result = self._validate_result(call, completion.value)
             if result is not None:
-                call.result = result
-                call.from_prepare = True
-                call.state = "settled"
+                call.result, call.final, call.state = result, True, "settled"
             return
         if controller.reason is not None:
-            call.aborted_before_dispatch = True
+            call.result = _aborted_result("ABORTED_BEFORE_DISPATCH", ABORTED_BEFORE_DISPATCH_TEXT)
             call.state = "settled"
             return
         call.execute_effect = self._request(TOOL_EXECUTE, **self._stage_payload(controller, call))
+        call.dispatched = True
         call.state = "inflight"
         yield None
 
     def _settle_one(self, controller: _Controller, state: _BatchState) -> Proc:
-        """§10.2, §10.11, P6: wait for the next in-flight execute settlement (arrival order),
-        note whether the signal was aborted at that settlement, validate the body's
-        result (D5)."""
+        """§10.2, §10.11, P6: wait for the next in-flight execute settlement (arrival order).
+        A raise stands for an error result (R10.12); a valid success that settles while the
+        signal is aborted is replaced by the aborted result before finalize sees it (the
+        original replaces it at dispatch); an invalid value fails the call (D5)."""
         waiting = frozenset(c.execute_effect for c in state.calls
                             if c.state == "inflight" and c.execute_effect is not None)
         completion = yield _Wait(waiting)
         assert completion is not None
         call = next(c for c in state.calls if c.execute_effect == completion.effect)
-        call.aborted_at_settlement = controller.reason is not None
         if isinstance(completion, Raise):
-            call.state = "failed"
-            call.error = completion.error
+            call.result, call.state = _result_of_raise(completion.error), "settled"
             return
         assert isinstance(completion, Resolve)
         result = self._validate_result(call, completion.value)
-        if result is not None:
-            call.result = result
-            call.state = "settled"
+        if result is None:
+            return
+        if controller.reason is not None and not result.is_error:
+            result = _aborted_result("ABORTED", ABORTED_TEXT, result.additional_contexts)
+        call.result, call.state = result, "settled"
 
     def _commit_ready(self, controller: _Controller, state: _BatchState) -> Proc:
         """§10.4, §10.9: commit settled calls strictly in model order; stop at the first
@@ -1406,49 +1557,49 @@ class ModelAgent:
 
     def _commit(self, controller: _Controller, state: _BatchState, call: _Call
                 ) -> Generator[_Wait | None, Completion | None, bool]:
-        """§10.4 steps 1–5, §10.10, §10.11: finalize (executed calls), validate, append
-        ``tool/result``, stage contexts, note ``concludesTurn``. False if the call failed."""
-        if call.aborted_before_dispatch:
-            self._append_synthetic(call, "ABORTED_BEFORE_DISPATCH", ABORTED_BEFORE_DISPATCH_TEXT)
-            call.state = "committed"
-            yield None
-            return True
-        body = call.result
-        assert body is not None
-        result = body
-        if not call.from_prepare:
+        """§10.4 steps 1–5 read with the original (R10.4): finalize every result that is not
+        final, handing it the normalized result; a raise there stands for an error result, a
+        success finalized while the signal is aborted becomes the aborted result again
+        (ABORTED if dispatched, else aborted-before-dispatch) with the finalized contexts;
+        then append ``tool/result``, stage contexts, note ``concludesTurn``. False if the
+        call failed."""
+        result = call.result
+        assert result is not None
+        if not call.final:
             payload = self._stage_payload(controller, call)
-            payload["result"] = body.to_json()
+            payload["result"] = _normal(result).to_json()
             effect = self._request(TOOL_FINALIZE, **payload)
             yield None
             completion = yield _Wait(frozenset({effect}))
             if isinstance(completion, Raise):
-                call.state = "failed"
-                call.error = completion.error
-                return False
-            assert isinstance(completion, Resolve)
-            finalized = self._validate_result(call, completion.value)
-            if finalized is None:
-                return False
-            result = finalized
-        if not call.from_prepare and call.aborted_at_settlement and not body.is_error:
-            self._append_synthetic(call, "ABORTED", ABORTED_TEXT)  # §10.11
-            yield None
-        else:
-            block: dict[str, JsonLike] = {"type": "tool-result", "toolCallId": call.call_id,
-                                          "content": result.content}
-            if result.is_error:
-                block["isError"] = True
-            data: dict[str, JsonLike] = {"turn": self._turn, "step": self._step,
-                                         "message": self._tool_message(call, [block])}
-            if result.error is not None:
-                data["error"] = result.error
-            if result.meta is not None:
-                data["meta"] = result.meta
-            self._append(TOOL_RESULT, data, source_event_seqs=[call.call_seq])
-            yield None
-            if result.concludes_turn and not result.is_error:  # §10.6
-                state.concluded = True
+                result = _result_of_raise(completion.error)
+            else:
+                assert isinstance(completion, Resolve)
+                finalized = self._validate_result(call, completion.value)
+                if finalized is None:
+                    return False
+                result = finalized
+                if controller.reason is not None and not result.is_error:
+                    result = (_aborted_result("ABORTED", ABORTED_TEXT, result.additional_contexts)
+                              if call.dispatched else
+                              _aborted_result("ABORTED_BEFORE_DISPATCH",
+                                              ABORTED_BEFORE_DISPATCH_TEXT,
+                                              result.additional_contexts))
+        result = _normal(result)
+        block: dict[str, JsonLike] = {"type": "tool-result", "toolCallId": call.call_id,
+                                      "content": result.content}
+        if result.is_error:
+            block["isError"] = True
+        data: dict[str, JsonLike] = {"turn": self._turn, "step": self._step,
+                                     "message": self._tool_message(call, [block])}
+        if result.error is not None:
+            data["error"] = result.error
+        if result.meta is not None:
+            data["meta"] = result.meta
+        self._append(TOOL_RESULT, data, source_event_seqs=[call.call_seq])
+        yield None
+        if result.concludes_turn and not result.is_error:  # §10.6
+            state.concluded = True
         for context in result.additional_contexts:  # §10.4 step 4
             self._outbox.append(_Staged(context, steering=False))
         call.state = "committed"

@@ -153,11 +153,11 @@ CHUNKS: list[JsonLike] = [
     {"type": "tool-call", "id": "c2", "name": "par", "arguments": ""},
     {"type": "tool-call", "id": "c3", "name": "par2", "arguments": "not json"},
     {"type": "block", "block": {"type": "x-annotation", "note": 1}},
-    {"type": "x-meta", "value": 1},
+    {"type": "usage", "usage": {"inputTokens": 1, "outputTokens": 2}},
 ]
 FINISH_CHUNKS: list[JsonLike] = [
     {"type": "finish", "kind": "stop"},
-    {"type": "finish", "kind": "stop", "usage": {"inputTokens": 1}},
+    {"type": "finish", "kind": "stop", "replayState": {"cursor": 1}},
     {"type": "finish", "kind": "max-tokens"},
     {"type": "finish", "kind": "error", "failure": {"message": "provider 401", "code": "AUTH",
                                                     "status": 401}},
@@ -169,7 +169,8 @@ INVALID_CHUNKS: list[JsonLike] = [
     {"no": "type"}, {"type": "finish", "kind": "weird"}, {"type": "text"},
     {"type": "tool-call", "id": "", "name": "exc", "arguments": "{}"},
     {"type": "finish", "kind": "error"}, {"type": "block", "block": {"type": ""}},
-    {"type": "finish", "kind": "stop", "usage": 3},
+    {"type": "usage", "usage": 3}, {"type": "finish", "kind": "stop", "usage": {}},
+    {"type": "x-meta", "value": 1},
     {"type": "block"},
 ]
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from scenario_helpers import Scenario, assert_failed_step, msg
 
-from machine.core import AgentCore, CoreConfig
+from machine.core import NO_ROUTE_MESSAGE, AgentCore, CoreConfig
 from machine.io import Live
 from machine.jsonvalue import thaw
 from machine.scripted import HOLD, calls_reply, ok_result
@@ -97,17 +97,40 @@ def test_P13_R9_6_the_header_fields_config_system_and_tools_are_accepted() -> No
     s.check()
 
 
-@pytest.mark.parametrize(("config", "missing"), [
-    ({"provider": "", "model": "m"}, "provider"),
-    ({"provider": 5, "model": "m"}, "provider"),
-    ({"model": "m"}, "provider"),
-    ({"provider": "p", "model": ""}, "model"),
-    ({"provider": "p", "model": ["m"]}, "model"),
-    ({"provider": "p"}, "model"),
+@pytest.mark.parametrize("config", [
+    {"provider": "", "model": "m"},
+    {"model": "m"},
+    {"provider": None, "model": "m"},
+    {"provider": False, "model": "m"},
+    {"provider": 0, "model": "m"},
+    {"provider": "p", "model": ""},
+    {"provider": "p"},
+    {"provider": "p", "model": 0.0},
 ])
-def test_P13_R9_6_config_needs_non_empty_string_provider_and_model(config: Any, missing: str) -> None:
+def test_R9_6_a_config_missing_provider_or_model_fails_with_the_uncoded_error_of_the_original(
+        config: Any) -> None:
+    """R9.6 step 3, P13, R15.3: what the original's ``!config.provider || !config.model``
+    counts as missing fails request preparation with an uncoded error named Error."""
+    s = _header_scenario({"config": config})
+    (turn_end,) = s.of("turn/end")
+    assert thaw(turn_end.data["reason"]) == {"kind": "error", "step": 1,
+                                             "message": NO_ROUTE_MESSAGE}
+    (error,) = s.live("agent/error")
+    assert thaw(error["error"]) == {"name": "Error", "message": NO_ROUTE_MESSAGE}
+    assert not s.of("request/header")
+
+
+@pytest.mark.parametrize(("config", "key"), [
+    ({"provider": 5, "model": "m"}, "provider"),
+    ({"provider": True, "model": "m"}, "provider"),
+    ({"provider": "p", "model": ["m"]}, "model"),
+    ({"provider": "p", "model": {"id": "m"}}, "model"),
+])
+def test_P13_R9_6_a_provider_or_model_that_is_not_a_string_is_INVALID_REQUEST_CONFIG(
+        config: Any, key: str) -> None:
+    """D5: values the original would let through (truthy non-strings) are refused, coded."""
     _assert_request_config_error(_header_scenario({"config": config}),
-                                 f"the request config has no {missing}")
+                                 f"the request config's {key} must be a string")
 
 
 # --------------------------------------------------------------------------
@@ -193,7 +216,8 @@ def test_R10_9_prepare_failure_behind_running_calls_starts_nothing_more_whatever
     config = CoreConfig(tool_modes={"p": "parallel"})
     s = Scenario(calls_reply(("c1", "p"), ("c2", "p"), ("c3", "p"), ("c4", "p")), "done", config=config)
     s.handle("tool-execute", lambda _e: HOLD)
-    s.handle("tool-prepare", lambda e: ("raise", TOOL_ERROR) if e.payload["callId"] == "c3" else None)
+    s.handle("tool-prepare", lambda e: ("resolve", {"content": "not a list"})
+             if e.payload["callId"] == "c3" else None)
     s.followup("go")
     s.run()
 
@@ -208,6 +232,6 @@ def test_R10_9_prepare_failure_behind_running_calls_starts_nothing_more_whatever
     assert [thaw(e.data["message"])["content"][0]["toolCallId"] for e in s.of("tool/result")] == [
         "c1", "c2"]
     (turn_end,) = s.of("turn/end")
-    assert thaw(turn_end.data["reason"]) == {
-        "kind": "error", "step": 1, "message": "tool exploded", "code": "E_TOOL"}
+    reason = thaw(turn_end.data["reason"])
+    assert reason["code"] == "INVALID_TOOL_RESULT" and reason["step"] == 1, reason
     s.check()

@@ -89,15 +89,24 @@ def test_R10_1_tool_call_and_stage_requests_carry_the_planned_arguments(raw: str
 # --------------------------------------------------------------------------
 
 
-def test_R10_9_prepare_raise_fails_the_batch_with_the_raised_code() -> None:
+def _result_text(s: Scenario, index: int) -> object:
+    return thaw(s.of("tool/result")[index].data["message"]["content"][0]["content"])  # type: ignore[index]
+
+
+def test_R10_12_a_raising_prepare_is_the_calls_final_error_result() -> None:
     s = _tool_scenario(("c1", "t"), ("c2", "t"))
-    s.handle("tool-prepare", lambda _e: ("raise", TOOL_ERROR))
+    s.handle("tool-prepare", lambda e: ("raise", TOOL_ERROR) if e.payload["callId"] == "c1" else None)
     s.followup("go")
     s.run()
     assert s.log() == L("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;call c1+call c2) "
-                        "TC(1.1;c1) SE(1.1) TE(1,error{step:1,message:'tool exploded',code:'E_TOOL'})")
-    assert s.effects("tool-execute") == [] and s.effects("tool-finalize") == []
-    assert s.errors() == [(1, 1, "tool exploded")]
+                        "TC(1.1;c1) TR(1.1;c1;ERR E_TOOL) TC(1.1;c2) TR(1.1;c2;ok) SE(1.1) SS(1.2) "
+                        "CH… AM(1.2;'done') SE(1.2) TE(1,completed)")
+    assert _result_text(s, 0) == [{"type": "text", "text": "Error: tool exploded"}]
+    assert thaw(s.of("tool/result")[0].data["error"]) == {"name": "ToolError", "code": "E_TOOL"}
+    # neither execute nor finalize runs for the call whose prepare raised
+    assert [e.payload["callId"] for e in s.effects("tool-execute")] == ["c2"]
+    assert [e.payload["callId"] for e in s.effects("tool-finalize")] == ["c2"]
+    assert s.errors() == []
     s.check()
 
 
@@ -134,26 +143,35 @@ def test_R10_3_prepare_final_result_is_committed_without_execute_or_finalize() -
     s.check()
 
 
-def test_R10_9_execute_raise_fails_the_batch_with_the_raised_code() -> None:
-    s = _tool_scenario(("c1", "t"))
-    s.handle("tool-execute", lambda _e: ("raise", TOOL_ERROR))
+def test_R10_12_a_raising_body_is_an_error_result_that_finalize_sees() -> None:
+    uncoded = ErrorInfo("no such file", "OSError", causes=("ENOENT",))
+    s = _tool_scenario(("c1", "t"), ("c2", "t"))
+    s.handle("tool-execute", lambda e: ("raise", TOOL_ERROR if e.payload["callId"] == "c1"
+                                        else uncoded))
     s.followup("go")
     s.run()
-    assert _reason(s) == {"kind": "error", "step": 1, "message": "tool exploded", "code": "E_TOOL"}
-    assert _call_ids(s, "tool/call") == ["c1"] and _call_ids(s, "tool/result") == []
-    assert s.effects("tool-finalize") == []
+    assert _reason(s) == {"kind": "completed"}
+    assert _call_ids(s, "tool/result") == ["c1", "c2"]
+    finalized = [thaw(e.payload["result"]) for e in s.effects("tool-finalize")]
+    assert finalized == [
+        {"content": [{"type": "text", "text": "Error: tool exploded"}], "isError": True,
+         "error": {"name": "ToolError", "code": "E_TOOL"}},
+        # an uncoded error has no error field, and its causes are not in the text
+        {"content": [{"type": "text", "text": "Error: no such file"}], "isError": True}]
+    assert "error" not in s.of("tool/result")[1].data
     s.check()
 
 
-def test_R10_9_finalize_raise_fails_the_batch_and_later_calls_stay_unanswered() -> None:
+def test_R10_12_a_raising_finalize_replaces_the_result_and_the_batch_goes_on() -> None:
     s = _tool_scenario(("c1", "t"), ("c2", "t"), modes={"t": "parallel"})
     s.handle("tool-finalize", lambda _e: ("raise", TOOL_ERROR), when=lambda e: e.payload["callId"] == "c1")
     s.followup("go")
     s.run()
-    assert _reason(s) == {"kind": "error", "step": 1, "message": "tool exploded", "code": "E_TOOL"}
+    assert _reason(s) == {"kind": "completed"}
     assert _call_ids(s, "tool/call") == ["c1", "c2"]
-    assert _call_ids(s, "tool/result") == []
-    assert [e.payload["callId"] for e in s.effects("tool-finalize")] == ["c1"]
+    assert _call_ids(s, "tool/result") == ["c1", "c2"]
+    assert _result_text(s, 0) == [{"type": "text", "text": "Error: tool exploded"}]
+    assert [e.payload["callId"] for e in s.effects("tool-finalize")] == ["c1", "c2"]
     s.check()
 
 
@@ -174,7 +192,7 @@ def test_R10_9_finalize_invalid_result_fails_with_INVALID_TOOL_RESULT_after_earl
 
 def test_R10_9_a_failed_settlement_in_a_pool_starts_nothing_more() -> None:
     s = _tool_scenario(("c1", "t"), ("c2", "t"), ("c3", "t"), modes={"t": "parallel"}, max_parallel=2)
-    answers = {"c1": HOLD, "c2": ("raise", TOOL_ERROR)}
+    answers = {"c1": HOLD, "c2": ("resolve", {"content": "not a list"})}
     s.handle("tool-execute", lambda e: answers.get(str(e.payload["callId"])), times=2)
     s.followup("go")
     s.run()
@@ -183,18 +201,19 @@ def test_R10_9_a_failed_settlement_in_a_pool_starts_nothing_more() -> None:
     s.resolve("tool-execute", ok_result("c1 done"))
     assert _call_ids(s, "tool/call") == ["c1", "c2"]
     assert _call_ids(s, "tool/result") == ["c1"]
-    assert _reason(s) == {"kind": "error", "step": 1, "message": "tool exploded", "code": "E_TOOL"}
+    assert _reason(s)["code"] == "INVALID_TOOL_RESULT"
     s.check()
 
 
 def test_R10_9_prepare_failure_inside_a_parallel_pool_ends_the_batch() -> None:
     s = _tool_scenario(("c1", "t"), ("c2", "t"), ("c3", "t"), modes={"t": "parallel"})
-    s.handle("tool-prepare", lambda e: ("raise", TOOL_ERROR) if e.payload["callId"] == "c2" else None)
+    s.handle("tool-prepare", lambda e: ("resolve", {"content": "not a list"})
+             if e.payload["callId"] == "c2" else None)
     s.followup("go")
     s.run()
     assert _call_ids(s, "tool/call") == ["c1", "c2"]
     assert _call_ids(s, "tool/result") == ["c1"]
-    assert _reason(s) == {"kind": "error", "step": 1, "message": "tool exploded", "code": "E_TOOL"}
+    assert _reason(s)["code"] == "INVALID_TOOL_RESULT"
     s.check()
 
 
@@ -597,7 +616,7 @@ def test_P12_R9_7_invalid_content_chunk_fails_the_turn_with_INVALID_CHUNK(chunk:
 
 def test_P12_only_block_chunks_add_their_block() -> None:
     s = Scenario([{"type": "text", "text": "hi", "block": {"type": "text", "text": "x"}},
-                  {"type": "note", "block": {"type": "text", "text": "y"}},
+                  {"type": "usage", "usage": {}, "block": {"type": "text", "text": "y"}},
                   {"type": "block", "block": {"type": "image", "url": "u"}},
                   {"type": "finish", "kind": "stop"}])
     s.followup("go")

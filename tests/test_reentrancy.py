@@ -411,7 +411,8 @@ def tool_cells(point: str) -> dict[str, X]:
         "prepare-c1": "TR(1.1;c1;ERR ABD) TC(1.1;c2) TR(1.1;c2;ERR ABD)",
         "tool-call-c1": "TR(1.1;c1;ERR ABD) TC(1.1;c2) TR(1.1;c2;ERR ABD)",
         "execute-c1": f"TR(1.1;c1;ERR ABORTED) TC(1.1;c2) TR(1.1;c2;ERR ABD) {CTX}",
-        "finalize-c1": f"TR(1.1;c1;ok) TC(1.1;c2) TR(1.1;c2;ERR ABD) {CTX}",
+        # R10.4 step 1: a successful finalized result consumed after the abort is ABORTED
+        "finalize-c1": f"TR(1.1;c1;ERR ABORTED) TC(1.1;c2) TR(1.1;c2;ERR ABD) {CTX}",
         "tool-result-c1": f"TR(1.1;c1;ok) TC(1.1;c2) TR(1.1;c2;ERR ABD) {CTX}",
         "execute-c2": "TR(1.1;c1;ok) TC(1.1;c2) TR(1.1;c2;ERR ABORTED)",
     }[point]
@@ -532,10 +533,10 @@ ROW_STEP_END = [
                           retained=(0, 1)),
               "followup": X(f"{CALL1} TE(1,completed) {turn(2, 'F')} {turn(3, 'next')}",
                             placement="queued"),
-              # §19 (step/end observers: "the turn ends aborted") and §16.4 (a cancel in the
-              # turn window ends the turn aborted/disposed); see KNOWN_CORE_BUGS.
-              "cancel": X(f"{CALL1} TE(1,aborted) {turn(2, 'next')}", cancel_notices=1),
-              "dispose": X(f"{CALL1} TE(1,disposed)", cancel_notices=0),
+              # R8.4: a concluding step ends the turn with no signal check, as in the
+              # original: the cancel is effective but the reason stays completed.
+              "cancel": X(f"{CALL1} TE(1,completed) {turn(2, 'next')}", cancel_notices=1),
+              "dispose": X(f"{CALL1} TE(1,completed)", cancel_notices=0),
           }, replies=(calls_reply(("c1", "t")),), then_next=True),
     Point("step-end-observers", "R13.2-R11.3", "step-end-observer-failed-step",
           observer_point("step/end"), {
@@ -561,21 +562,24 @@ def drive_stop_drain(s: Scenario, fire: Callable[[], None], _q: bool) -> None:
     go(s)
 
 
-def turn_stopping_cells(prefix: str) -> dict[str, X]:
+def turn_stopping_cells(prefix: str, *, checked: bool) -> dict[str, X]:
+    """*checked*: whether a signal check follows the position (R8.5: the hook's check does;
+    at an output of its drain, none follows when the drain took no steering)."""
+    aborted, disposed = ("aborted", "disposed") if checked else ("completed", "completed")
     return {
         "steer": X(f"{prefix} {S_STM1} {step(1, 2)} TE(1,completed)", placement="steering"),
         "inject": X(f"{prefix} {C_UM} TE(1,completed)"),
         "followup": X(f"{prefix} TE(1,completed) {turn(2, 'F')}", placement="queued", intervals=1),
-        "cancel": X(f"{prefix} TE(1,aborted)", cancel_notices=1),
-        "dispose": X(f"{prefix} TE(1,disposed)", cancel_notices=0),
+        "cancel": X(f"{prefix} TE(1,{aborted})", cancel_notices=1),
+        "dispose": X(f"{prefix} TE(1,{disposed})", cancel_notices=0),
     }
 
 
 ROW_TURN_STOPPING = [
     Point("turn-stopping-and-its-drain", "R8.5-P10", "turn-stopping-hook",
-          hook_point("turn-stopping"), turn_stopping_cells(FINAL1)),
+          hook_point("turn-stopping"), turn_stopping_cells(FINAL1, checked=True)),
     Point("turn-stopping-and-its-drain", "R8.5-R11.1-D3", "turn-stopping-drain-output-observer",
-          drive_stop_drain, turn_stopping_cells(f"{FINAL1} UM('Z';plugin:test)")),
+          drive_stop_drain, turn_stopping_cells(f"{FINAL1} UM('Z';plugin:test)", checked=False)),
 ]
 
 # --------------------------------------------------------------------------
@@ -824,7 +828,8 @@ ROW_CANCEL_REQUESTED = [
               "inject": X(HUNG, live=lives("cancel-req(user) ctxdisc[C]")),
               "followup": X(HUNG, placement="queued",
                             live=lives("cancel-req(user) enq(F,q) disc[F]"), intervals=1),
-              "cancel": X(HUNG, live=lives("cancel-req(user) cancel-req(parent)"), cancel_notices=2,
+              # D9: a joined cancel with nothing new to clear does nothing
+              "cancel": X(HUNG, live=lives("cancel-req(user)"), cancel_notices=1,
                           check=reason_is("user")),
               "dispose": X(HUNG, live=lives("agent/disposed session/disposed"), cancel_notices=1,
                            check=reason_is("user")),
@@ -836,8 +841,8 @@ ROW_CANCEL_REQUESTED = [
               "inject": X(C_UM, live=lives("cancel-req(user) disc[Q]"), intervals=0),
               "followup": X("", placement="queued", live=lives("cancel-req(user) enq(F,q) disc[Q,F]"),
                             intervals=0),
-              "cancel": X("", live=lives("cancel-req(user) cancel-req(parent) disc[Q]"), intervals=0,
-                          cancel_notices=2),
+              "cancel": X("", live=lives("cancel-req(user) disc[Q]"), intervals=0,
+                          cancel_notices=1),                      # D9
               "dispose": X("", live=lives("cancel-req(user) disc[Q] agent/disposed session/disposed"),
                            intervals=0, cancel_notices=1),
           }),
@@ -847,8 +852,8 @@ ROW_CANCEL_REQUESTED = [
                          placement="steering", retained=(1, 0)),
               "inject": X(f"{HUNG} TS(2,msg:user) {C_UM} UM('next') {NEXT2}", retained=(0, 1)),
               "followup": X(f"{HUNG} {turn(2, 'F')} {turn(3, 'next')}", placement="queued"),
-              "cancel": X(f"{HUNG} {turn(2, 'next')}", live=lives("cancel-req(user) cancel-req(parent)"),
-                          cancel_notices=2, check=reason_is("user")),
+              "cancel": X(f"{HUNG} {turn(2, 'next')}", live=lives("cancel-req(user)"),
+                          cancel_notices=1, check=reason_is("user")),            # D9
               "dispose": X(HUNG, cancel_notices=1, check=reason_is("user")),
           }, then_next=True),
 ]

@@ -199,7 +199,7 @@ def test_C13_raising_step_handler_fails_only_that_turn__R9_1_R15_3() -> None:
 # ---------------------------------------------------------------------------
 
 
-def test_D1_cancel_from_assistant_message_observer_synthetic_pair__R10_7_R10_10_P15() -> None:
+def test_D1_cancel_from_assistant_message_observer_synthetic_pair__R10_7_R10_10_path15() -> None:
     s = Scenario(calls_reply(("c1", "danger")), "recovered after cancellation")
     s.observe("assistant/message", lambda _d: s.cancel("user"), once=True)
     s.followup("go")

@@ -81,7 +81,7 @@ def test_E3_keep_inbox_with_nothing_active_is_a_silent_no_op__R16_1_R16_5() -> N
     s.check()
 
 
-def test_E4_cancelling_a_parked_quiet_item__R16_1_R16_4_P16() -> None:
+def test_E4_cancelling_a_parked_quiet_item__R16_1_R16_4_path16() -> None:
     s = Scenario()
     s.pump()
     s.send("quiet", "next-turn", wakeup=False)
@@ -198,7 +198,7 @@ def _hanging() -> tuple[Scenario, Effect]:
 HUNG_LOG = "TS(1, msg:user) UM('go') SS(1.1) RH(initial) CH CH SE(1.1) TE(1, aborted)"
 
 
-def test_E11_cancel_while_streaming_drops_queued_tail__R9_7_R16_2_P14() -> None:
+def test_E11_cancel_while_streaming_drops_queued_tail__R9_7_R16_2_path14() -> None:
     s, model = _hanging()
     mark = len(s.outputs)
     s.followup("queued tail")
@@ -215,7 +215,7 @@ def test_E11_cancel_while_streaming_drops_queued_tail__R9_7_R16_2_P14() -> None:
     s.check()
 
 
-def test_E12_cancel_discards_running_turn_steering__R16_2_P14() -> None:
+def test_E12_cancel_discards_running_turn_steering__R16_2_path14() -> None:
     s, model = _hanging()
     mark = len(s.outputs)
     s.steer("steer text")

@@ -19,10 +19,8 @@ __all__ = ["ModelFailure", "RaisedError", "error_info"]
 
 
 class RaisedError(Exception):
-    """An exception that reports exactly *info* to the core.
-
-    Raised from a tool body it also escapes the tool runner (a batch failure,
-    reference §10.9) instead of becoming an error result."""
+    """An exception that reports exactly *info* to the core (its name, message, code and
+    causes, rather than those `ErrorInfo.from_exception` derives)."""
 
     def __init__(self, info: ErrorInfo) -> None:
         super().__init__(info.rendered())

@@ -56,6 +56,7 @@ from machine.io import (
     Chunk,
     Effect,
     End,
+    Observer,
     Output,
     Raise,
     Resolve,
@@ -89,6 +90,11 @@ _SETTLE_PASSES: Final = 10_000
 Where: TypeAlias = "int | Mapping[str, JsonValue] | Literal['here'] | None"
 #: A JSON object (an input or an output).
 JsonObject: TypeAlias = dict[str, JsonValue]
+
+
+class ObserverFailure(RuntimeError):
+    """Raised by the replay's listener for an ``{"in":"observer","action":"throw"}`` input,
+    so that the runtime's containment of listener failures (RT3) is what the vector checks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +258,7 @@ async def replay(placed: Sequence[Placed], config: CoreConfig, *,
     result = Replay()
     effects: dict[int, JsonObject] = {}
     finished: set[int] = set()              # completed by the script (maybe not yet fed)
+    throwing = [False]                      # the current observer fails when it returns (P14)
     cursor = 0
 
     def live_effects() -> list[int]:
@@ -271,6 +278,11 @@ async def replay(placed: Sequence[Placed], config: CoreConfig, *,
             applied = input_from_json(value, item.label)
             if isinstance(applied, (Resolve, Raise, Chunk, End)):
                 return complete(applied)
+            if isinstance(applied, Observer):
+                # P14: the listener delivering the last output fails when it returns
+                throwing[0] = throwing[0] or (applied.action == "throw" and agent._delivering)
+                # RT3 contains the failure; a veto has no counterpart in the runtime (D7)
+                return None
             agent._feed(applied)
         except TurnstileError as error:
             kind = raise_kind(error, completion=completion) or "error"
@@ -335,6 +347,9 @@ async def replay(placed: Sequence[Placed], config: CoreConfig, *,
         result.outputs.append(value)
         if cursor < len(placed) and due(placed[cursor].where, value):
             apply_from_cursor()
+        if throwing[0]:
+            throwing[0] = False
+            raise ObserverFailure(f"an observer of output {len(result.outputs) - 1} failed")
 
     async def settled() -> None:
         for _ in range(_SETTLE_PASSES):

@@ -7,9 +7,10 @@ body (``run``) and two optional stages around it:
 * ``prepare(call)`` runs before dispatch, one call at a time in start order;
   returning a result makes it the call's final result (the body and finalize
   are skipped); returning ``None`` dispatches the body;
-* ``run(call)`` is the body; bodies of one pool overlap. An exception from the
-  body becomes an error result (``isError``) — the tool runner's job in the
-  reference — except `RaisedError`, which fails the batch;
+* ``run(call)`` is the body; bodies of one pool overlap. An exception from any
+  stage is reported to the core as a raise, and the core turns it into the
+  error result ``Error: <message>`` (R10.12), as the original's tool runner
+  does: the batch goes on and the model sees the failure;
 * ``finalize(call, result)`` post-processes the body's result (default: as is).
 
 A result is a `ToolResult`, a plain string (one text block) or the JSON form
@@ -24,7 +25,6 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-from machine.runtime.failures import RaisedError, error_info
 from machine.runtime.hooks import JsonValue
 from machine.runtime.signal import Signal
 from machine.vocabulary import ToolResult
@@ -156,13 +156,6 @@ def unknown_tool_result(name: str) -> dict[str, JsonValue]:
                       "code": "UNKNOWN_TOOL"}}
 
 
-def error_result(exc: Exception) -> dict[str, JsonValue]:
-    """The error result of a failing body (the tool runner's conversion, reference §10.3)."""
-    info = error_info(exc)
-    return {"content": [{"type": "text", "text": f"Error: {info.rendered()}"}], "isError": True,
-            "error": info.to_json()}
-
-
 async def run_prepare(registry: ToolRegistry, call: ToolCall) -> JsonValue:
     found = registry.get(call.name)
     if found is None:
@@ -176,12 +169,7 @@ async def run_body(registry: ToolRegistry, call: ToolCall) -> JsonValue:
     found = registry.get(call.name)
     if found is None:
         return unknown_tool_result(call.name)
-    try:
-        return result_json(await found.run(call))
-    except RaisedError:
-        raise
-    except Exception as exc:
-        return error_result(exc)
+    return result_json(await found.run(call))  # an exception is a raise: R10.12
 
 
 async def run_finalize(registry: ToolRegistry, call: ToolCall, result: JsonValue) -> JsonValue:

@@ -1,0 +1,272 @@
+"""Family D (specs/core.md D9–D12, specs/differences.md) and the protocol rules the fidelity
+work added (specs/protocol.md P14 observers that fail, P15 internal yields).
+
+Each test drives the machine and the reference model with the same inputs and requires the
+same outputs, so a rule here is checked in both readings of the spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+import pytest
+
+from machine.core import AgentCore, CoreConfig
+from machine.errors import CodecError, DisposedError
+from machine.events import CANCEL_REQUESTED, CONTEXT_DISCARD, INBOX_DISCARD
+from machine.io import Control, Durable, Effect, Live, Observer, Output, input_from_json
+from machine.scripted import HOLD, Driver, ScriptedEnvironment, calls_reply, text_reply
+from machine.vocabulary import user_message
+from model import ModelAgent
+
+Core = Callable[[CoreConfig], AgentCore]
+IMPLEMENTATIONS: dict[str, Core] = {
+    "machine": AgentCore,
+    "model": lambda config: cast(AgentCore, ModelAgent(config)),
+}
+CONFIG = CoreConfig(publish=False)
+#: every run below must end well within this many outputs (a loop would not)
+BOUND = 2_000
+
+
+def message(text: str, id: str) -> Any:
+    return user_message(id, text)
+
+
+def driven(core: AgentCore, env: ScriptedEnvironment) -> Driver:
+    return Driver(core, env)
+
+
+def tokens(outputs: list[Output]) -> list[str]:
+    out: list[str] = []
+    for o in outputs:
+        if isinstance(o, Live):
+            out.append(o.event.type)
+        elif isinstance(o, Durable):
+            out.append(f"[{o.event.type}]")
+        elif isinstance(o, Effect):
+            out.append(f"{{{o.kind}}}")
+        elif isinstance(o, Control):
+            out.append(o.kind)
+    return out
+
+
+def streaming(core: AgentCore) -> Driver:
+    """A driver over *core* whose first turn is streaming (the model effect held)."""
+    env = ScriptedEnvironment()
+    env.handlers["model"] = lambda _e: HOLD
+    driver = driven(core, env)
+    core.followup(message("go", "m1"))
+    driver.run()
+    return driver
+
+
+def both(run: Callable[[AgentCore], list[Any]]) -> list[Any]:
+    """Run *run* on the machine and on the model; they must agree; returns the result."""
+    results = [run(make(CONFIG)) for make in IMPLEMENTATIONS.values()]
+    assert results[0] == results[1], f"machine {results[0]}\nmodel   {results[1]}"
+    return results[0]
+
+
+# --------------------------------------------------------------------------
+# D9: a cancel joined to one in progress with nothing new to clear does nothing
+# --------------------------------------------------------------------------
+
+SELF_TRIGGERING = ["agent/cancel-requested", INBOX_DISCARD, CONTEXT_DISCARD, "abort",
+                   "agent/status", "turn/start", "step/end", "turn/end", "agent/settled"]
+COMMANDS = ["cancel-user", "cancel-parent", "cancel-keep", "dispose"]
+
+
+def issue(core: AgentCore, command: str) -> None:
+    if command == "dispose":
+        core.dispose()
+    elif command == "cancel-keep":
+        core.cancel({"kind": "parent"}, keep_inbox=True)
+    else:
+        core.cancel({"kind": command.removeprefix("cancel-")})
+
+
+def matches(output: Output, kind: str) -> bool:
+    if isinstance(output, Control):
+        return output.kind == kind
+    if isinstance(output, (Live, Durable)):
+        return output.event.type == kind
+    return False
+
+
+@pytest.mark.parametrize("trigger", SELF_TRIGGERING)
+@pytest.mark.parametrize("command", COMMANDS)
+def test_D9_an_observer_that_cancels_or_disposes_on_every_output_of_a_kind_stops(
+        trigger: str, command: str) -> None:
+    """D9, P7, R16.1: whatever a cancel's (or dispose's) own notices make an observer do,
+    the run ends (quiescent or torn down) within a bound, machine and model alike, with the
+    invariants of R20.1 checked at every output by the driver."""
+    def run(core: AgentCore) -> list[Any]:
+        env = ScriptedEnvironment(replies=[calls_reply(("c1", "t")), text_reply("done"),
+                                           text_reply("again")])
+        driver = driven(core, env)
+
+        def observer(output: Output) -> None:
+            assert len(driver.outputs) < BOUND, "the run did not stop"
+            if matches(output, trigger):
+                issue(core, command)
+        driver.on(observer)
+        core.send(message("quiet", "q1"), {"target": "next-turn", "wakeup": False})
+        core.followup(message("go", "m1"))
+        core.steer(message("steer", "m2"))
+        driver.run()
+        assert core.is_quiescent or core.disposed
+        return tokens(driver.outputs)
+    both(run)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_D9_a_joined_cancel_with_nothing_new_to_clear_emits_nothing(keep: bool) -> None:
+    """D9: at the cancel-requested of a running turn's cancel, a second cancel (keepInbox or
+    not) that finds nothing new to clear adds no notice and leaves the reason alone."""
+    def run(core: AgentCore) -> list[Any]:
+        driver = streaming(core)
+        driver.on(lambda o: core.cancel({"kind": "parent"}, keep_inbox=keep)
+                  if matches(o, CANCEL_REQUESTED) else None)
+        core.cancel({"kind": "user"}, keep_inbox=keep)
+        driver.run()
+        aborts = [o.payload["reason"]["kind"] for o in driver.outputs  # type: ignore[index]
+                  if isinstance(o, Control) and o.kind == "abort"]
+        notices = [o for o in driver.outputs if matches(o, CANCEL_REQUESTED)]
+        assert len(notices) == 1 and aborts == ["user"]
+        return tokens(driver.outputs)
+    both(run)
+
+
+def test_D9_a_joined_cancel_with_new_input_announces_itself_and_aborts_first() -> None:
+    """P7, R16.3: a joined cancel that clears input accepted at the notice runs, as in the
+    original, before the first cancel's abort: its cause is the reason."""
+    def run(core: AgentCore) -> list[Any]:
+        driver = streaming(core)
+
+        def observer(output: Output) -> None:
+            if matches(output, CANCEL_REQUESTED) and output.event.payload["cause"]["kind"] == "user":  # type: ignore[union-attr,index]
+                core.followup(message("late", "m9"))
+                core.cancel({"kind": "parent"})
+        driver.on(observer)
+        core.cancel({"kind": "user"})
+        driver.run()
+        aborts = [o.payload["reason"]["kind"] for o in driver.outputs  # type: ignore[index]
+                  if isinstance(o, Control) and o.kind == "abort"]
+        assert aborts == ["parent"]
+        assert core.signal_reason(2) is not None and core.signal_reason(2).kind == "parent"  # type: ignore[union-attr]
+        return tokens(driver.outputs)
+    order = both(run)
+    start = order.index("agent/cancel-requested")
+    assert order[start:start + 5] == ["agent/cancel-requested", "agent/inbox/enqueue",
+                                      "agent/cancel-requested", INBOX_DISCARD, "abort"]
+
+
+# --------------------------------------------------------------------------
+# D10, D11, D12
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", IMPLEMENTATIONS)
+def test_D10_every_command_after_teardown_is_refused(name: str) -> None:
+    """D10, R17.3: after session/disposed, steer, inject, followup, send, cancel and append
+    raise DisposedError and change nothing; dispose does nothing."""
+    core = IMPLEMENTATIONS[name](CONFIG)
+    core.dispose()
+    outputs = core.drain_outputs()
+    assert [o.event.type for o in outputs if isinstance(o, Live)][-1] == "session/disposed"
+    attempts: list[Callable[[], object]] = [
+        lambda: core.steer(message("s", "a")), lambda: core.inject(message("i", "b")),
+        lambda: core.followup(message("f", "c")),
+        lambda: core.send(message("x", "d"), {"target": "next-turn", "wakeup": True}),
+        lambda: core.cancel({"kind": "user"}),
+        lambda: core.append("user/message", message("a", "e"), surface_op="append")]
+    for attempt in attempts:
+        with pytest.raises(DisposedError):
+            attempt()
+    core.dispose()
+    assert core.drain_outputs() == [] and len(core.log) == 0
+
+
+def test_D11_disposal_claims_nothing_and_runs_no_admission() -> None:
+    """D11, R17.4: a waking prompt sent while a turn is being disposed is discarded at
+    continue-or-idle; no prompt-submit is requested for it."""
+    def run(core: AgentCore) -> list[Any]:
+        env = ScriptedEnvironment()
+        driver = driven(core, env)
+        driver.on(lambda o: core.followup(message("late", "m2"))
+                  if isinstance(o, Durable) and o.event.type == "turn/end" else None)
+        core.followup(message("go", "m1"))
+        driver.on(lambda o: core.dispose()
+                  if isinstance(o, Durable) and o.event.type == "step/start" else None)
+        driver.run()
+        submits = [o for o in driver.outputs if isinstance(o, Effect) and o.kind == "prompt-submit"]
+        assert len(submits) == 1 and core.disposed
+        return tokens(driver.outputs)
+    both(run)
+
+
+def test_D12_an_aborted_finish_without_failure_is_a_request_failure() -> None:
+    """D12, R9.7: it stands for {model request aborted, ABORTED} and reaches request-error."""
+    def run(core: AgentCore) -> list[Any]:
+        env = ScriptedEnvironment(replies=[[{"type": "finish", "kind": "aborted"}]])
+        driver = driven(core, env)
+        core.followup(message("go", "m1"))
+        driver.run()
+        (recovery,) = [o for o in driver.outputs if isinstance(o, Effect) and o.kind == "request-error"]
+        assert recovery.payload["failure"] == {"message": "model request aborted", "code": "ABORTED"}
+        return tokens(driver.outputs)
+    both(run)
+
+
+# --------------------------------------------------------------------------
+# P14: observers that fail; P15: internal yields
+# --------------------------------------------------------------------------
+
+
+def test_P14_observer_inputs_change_nothing_at_any_position_even_after_teardown() -> None:
+    """P14: feeding {"in":"observer"} (throw or veto) after every output gives exactly the
+    outputs of the same run without it, machine and model; it is accepted after teardown."""
+    def run(core: AgentCore, with_observers: bool) -> list[Any]:
+        env = ScriptedEnvironment(replies=[calls_reply(("c1", "t")), text_reply("done")])
+        driver = driven(core, env)
+        if with_observers:
+            driver.on(lambda o: (core.feed(Observer("throw")), core.feed(Observer("veto"))))
+        core.followup(message("go", "m1"))
+        driver.run()
+        core.dispose()
+        driver.run()
+        core.feed(Observer("throw"))
+        return [o.to_json() for o in driver.outputs]
+    for make in IMPLEMENTATIONS.values():
+        assert run(make(CONFIG), True) == run(make(CONFIG), False)
+
+
+@pytest.mark.parametrize("value", [{"in": "observer"}, {"in": "observer", "action": "raise"},
+                                   {"in": "observer", "action": "throw", "at": 3}])
+def test_P14_a_malformed_observer_input_is_refused_by_the_decoder(value: dict[str, Any]) -> None:
+    with pytest.raises(CodecError):
+        input_from_json(value)
+
+
+def test_P15_an_admission_aborted_at_running_appends_its_context_before_the_dequeue() -> None:
+    """P15, R7.5: with the admission aborted by a running observer (keepInbox, so staged
+    context is kept for the rejected path), the rejected appends come before the claimed
+    item's dequeue notice, and the rejected-admission tick after it, as in the original."""
+    def run(core: AgentCore) -> list[Any]:
+        driver = driven(core, ScriptedEnvironment())
+
+        def at_running(output: Output) -> None:
+            if isinstance(output, Live) and output.event.type == "agent/status" \
+                    and output.event.payload["status"] == "running":
+                core.inject(message("ctx", "c1"))
+                core.cancel({"kind": "user"}, keep_inbox=True)
+        driver.on(at_running)
+        core.followup(message("go", "m1"))
+        driver.run()
+        return tokens(driver.outputs)
+    order = both(run)
+    start = order.index("agent/status")
+    assert order[start:start + 6] == ["agent/status", "agent/cancel-requested", "abort",
+                                      "[user/message]", "agent/inbox/dequeue", "{tick}"]
