@@ -89,6 +89,30 @@ def test_declared_deviations_skip_the_tagged_vectors() -> None:
         "0 passed, 1 failed"]
 
 
+def test_an_input_that_fails_after_being_accepted_fails_the_vector_at_that_input() -> None:
+    """PROTOCOL.md §3 (ports built on an event loop): ``input-failed`` after an early
+    ``accepted`` is a failure of the vector at that input, not a port failure; the port is
+    restarted and the next vector runs."""
+    status, out, err = run_check([A1, A5], wrong_port("--bug", "late-failure"))
+    assert (status, err) == (1, "")
+    lines = out.splitlines()
+    assert lines[0] == f"FAIL A1-simple-prompt-turn ({A1})"
+    assert "  first divergence at step 1 (line 9), an input step" in lines
+    assert ("  actual:   accepted at its first output, then failed with a validation error: "
+            "the followup failed after its first output") in lines
+    assert lines[-1] == "1 passed, 1 failed"
+
+
+def test_a_port_without_the_extension_capabilities_skips_the_extension_vectors() -> None:
+    """PROTOCOL.md §Skipping: a vector tagged extension:<capability> needs that capability; a
+    port of the original lists neither prepare-result nor request-header."""
+    extension = [v for v in map(load_vector, find_vectors([CORPUS])) if "extension" in v.tags]
+    assert {c for v in extension for c in v.requires} >= {"prepare-result", "request-header"}
+    status, out, _ = run_check([v.path for v in extension] + [A1],
+                               command("-m", "machine.conformance.examples.original_like_port"))
+    assert (status, out) == (0, f"1 passed, 0 failed, {len(extension)} skipped\n")
+
+
 def test_a_reply_that_is_not_json_is_a_port_failure_with_its_line() -> None:
     status, out, err = run_check([A1], wrong_port("--bug", "garbage"))
     assert status == 4 and err == ""
@@ -129,7 +153,8 @@ def test_the_adapter_answers_each_request() -> None:
     adapter = Adapter(deviations=["D6"])
     assert adapter.handle({"op": "hello", "protocol": 1}) == [{
         "op": "hello", "protocol": 1, "implementation": "turnstile",
-        "capabilities": ["seed", "append"], "deviations": ["D6"]}]
+        "capabilities": ["seed", "append", "observer", "prepare-result", "request-header"],
+        "deviations": ["D6"]}]
     assert adapter.handle({"op": "pull"}) == [{"op": "error", "message": "pull before start"}]
     assert adapter.handle({"op": "start", "config": {"maxParallelToolCalls": 0}})[0]["op"] == "error"
     assert adapter.handle({"op": "start", "vector": "v", "config": {}}) == [{"op": "started"}]

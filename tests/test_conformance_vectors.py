@@ -84,7 +84,7 @@ def test_titles_rules_and_tags_are_hand_written(corpus: list[Vector]) -> None:
         assert len(vector.title) >= 30, vector.id
         assert vector.rules, vector.id
         assert {"scenario", "matrix", "rule"} & set(vector.tags), vector.id
-        differs = [t for t in vector.tags if re.fullmatch(r"D[1-8]", t)]
+        differs = [t for t in vector.tags if re.fullmatch(r"D[1-9][0-9]*", t)]
         if differs:
             assert "differs-from-original" in vector.tags, vector.id
 
@@ -96,6 +96,67 @@ def _defined_ids() -> set[str]:
     for name in ("log.md", "vocabulary.md"):
         ids |= set(rule_ids((SPECS / name).read_text(encoding="utf-8"), prefixes=("L", "V", "E")))
     return ids
+
+
+DIFFERENCE = re.compile(r"D[1-9][0-9]*")
+DIFFERENCES = (SPECS / "differences.md").read_text(encoding="utf-8")
+CAPABILITIES_OF_EXTENSIONS = {"prepare-result", "request-header"}
+
+
+def _differences(names: tuple[str, ...]) -> set[str]:
+    return {n for n in names if DIFFERENCE.fullmatch(n)}
+
+
+def test_D_tags_a_vector_lists_a_difference_in_its_rules_iff_in_its_tags(corpus: list[Vector]) -> None:
+    """specs/differences.md: a vector carries ``differs-from-original`` and ``Dn`` exactly
+    when the original's outputs differ because of Dn; its rules list Dn exactly then too."""
+    for vector in corpus:
+        tagged, listed = _differences(vector.tags), _differences(vector.rules)
+        assert tagged == listed, (vector.id, sorted(tagged), sorted(listed))
+        assert ("differs-from-original" in vector.tags) == bool(tagged), vector.id
+
+
+def test_D_tags_every_difference_has_a_vector_and_the_table_names_them(corpus: list[Vector]) -> None:
+    """Each D of specs/core.md has at least one vector (D8 excepted: the core has no storage),
+    and the table of specs/differences.md lists exactly the vectors tagged with it."""
+    declared = set(re.findall(r"^\*\*(D\d+)\. ", (SPECS / "core.md").read_text(encoding="utf-8"),
+                              re.M))
+    assert declared == {f"D{n}" for n in range(1, 13)}
+    by_tag: dict[str, set[str]] = {d: set() for d in declared}
+    for vector in corpus:
+        for difference in _differences(vector.tags):
+            by_tag[difference].add(vector.id)
+    table = dict(re.findall(r"^\| (D\d+) \| (.+) \|$", DIFFERENCES, re.M))
+    assert set(table) == declared
+    for difference in sorted(declared, key=lambda d: int(d[1:])):
+        named = {v.strip() for v in table[difference].split(",")}
+        if difference in EXEMPT:
+            assert by_tag[difference] == set()
+            continue
+        assert by_tag[difference], f"{difference} has no vector"
+        assert named == by_tag[difference], (difference, sorted(named ^ by_tag[difference]))
+
+
+def test_D_tags_each_differing_vector_says_where_the_original_departs(corpus: list[Vector]) -> None:
+    """A vector tagged differs-from-original carries ``"original": {"step": N}`` (and no other
+    vector does); N names an existing step at or after the vector's first input."""
+    for vector in corpus:
+        differs = "differs-from-original" in vector.tags
+        assert (vector.original_step is not None) == differs, vector.id
+        if vector.original_step is not None:
+            first_input = next(i for i, step in enumerate(vector.steps) if step.kind == "in")
+            assert first_input < vector.original_step <= len(vector.steps), vector.id
+
+
+def test_extension_tags_name_a_capability_a_port_may_decline(corpus: list[Vector]) -> None:
+    """PROTOCOL.md §Skipping: ``extension`` goes with ``extension:<capability>``, and the
+    capability is one of the seams turnstile has and the original lacks."""
+    for vector in corpus:
+        named = {t[len("extension:"):] for t in vector.tags if t.startswith("extension:")}
+        assert ("extension" in vector.tags) == bool(named), vector.id
+        assert named <= CAPABILITIES_OF_EXTENSIONS, vector.id
+        assert named <= vector.requires, vector.id
+        assert not (named and "differs-from-original" in vector.tags), vector.id
 
 
 def test_every_listed_rule_exists(corpus: list[Vector]) -> None:

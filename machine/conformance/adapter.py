@@ -20,7 +20,9 @@ from machine.errors import TurnstileError
 __all__ = ["CAPABILITIES", "PROTOCOL_VERSION", "Adapter", "serve"]
 
 PROTOCOL_VERSION: Final = 1
-CAPABILITIES: Final = ("seed", "append")
+#: PROTOCOL.md §Skipping: seeded logs, direct appends, observer inputs, and the two seams
+#: this implementation has and the original lacks.
+CAPABILITIES: Final = ("seed", "append", "observer", "prepare-result", "request-header")
 
 
 def _dumps(value: Any) -> str:

@@ -27,7 +27,7 @@ from machine.conformance.vectors import Vector
 from machine.core import CoreConfig, ToolMode
 from machine.events import Event
 from machine.invariants import AgentInvariantError, InvariantMonitor
-from machine.io import Control, Durable, Effect, Live, Output
+from machine.io import Control, Durable, Effect, Live, Observer, Output
 from machine.jsonvalue import JsonLike, thaw
 from machine.scripted import HOLD, Driver, ScriptedEnvironment
 from machine.vocabulary import ErrorInfo, LlmFailure
@@ -59,13 +59,15 @@ def source(spec: str | Mapping[str, JsonLike] | None) -> dict[str, JsonLike]:
 
 def reply(text: str, *, finish: str = "stop", usage: JsonLike = None,
           pieces: int = 1) -> list[JsonLike]:
-    """A text reply: *pieces* text chunks, then a finish chunk of kind *finish*."""
+    """A text reply: *pieces* text chunks, a usage chunk when *usage* is given (rule V18),
+    then a finish chunk of kind *finish*."""
     size = max(1, -(-len(text) // pieces))
     parts = [text[i:i + size] for i in range(0, len(text), size)] or [""]
-    finish_chunk: dict[str, JsonLike] = {"type": "finish", "kind": finish}
+    chunks: list[JsonLike] = [{"type": "text", "text": p} for p in parts]
     if usage is not None:
-        finish_chunk["usage"] = usage
-    return [*({"type": "text", "text": p} for p in parts), finish_chunk]
+        chunks.append({"type": "usage", "usage": usage})
+    chunks.append({"type": "finish", "kind": finish})
+    return chunks
 
 
 def calls(*ids_and_names: tuple[str, str] | tuple[str, str, str], text: str | None = None,
@@ -360,6 +362,15 @@ class Session:
 
     def cancel(self, kind: str = "user", keep_inbox: bool = False) -> None:
         self.core.cancel({"kind": kind}, keep_inbox)
+
+    def observer_throws(self) -> None:
+        """P14: the observers of the last pulled output raise (their driver contains it)."""
+        self.core.feed(Observer("throw"))
+
+    def observer_vetoes(self) -> None:
+        """P14: pre-commit observers refuse the next durable append, where an implementation
+        lets observers veto (turnstile does not: D7)."""
+        self.core.feed(Observer("veto"))
 
     def dispose(self) -> None:
         self.core.dispose()

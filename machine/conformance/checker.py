@@ -19,7 +19,8 @@ from machine.conformance import jsoncmp
 from machine.conformance.subjects import Subject
 from machine.conformance.vectors import Step, Vector
 
-__all__ = ["Divergence", "Outcome", "PortFailure", "format_outcome", "format_summary", "run_vector"]
+__all__ = ["Divergence", "LateInputFailure", "Outcome", "PortFailure", "format_outcome",
+           "format_summary", "run_vector"]
 
 SHOWN_INPUTS: Final = 25
 NONE: Final = {"out": "none"}
@@ -27,6 +28,16 @@ NONE: Final = {"out": "none"}
 
 class PortFailure(Exception):
     """The port broke the adapter protocol (bad reply, timeout, exit); it must be restarted."""
+
+
+class LateInputFailure(Exception):
+    """The port reported (``input-failed``, PROTOCOL.md §3) that an input it had accepted at
+    its first output failed afterwards: a divergence of the vector at that input."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +57,7 @@ class Outcome:
     index: int | None = None         # for a port failure: the step being run
     steps_run: int = 0
     notes: list[str] = field(default_factory=list)
+    restart: bool = False            # the subject's replies are out of step: start a new one
 
 
 def _expect_raise(step: Step) -> str:
@@ -56,12 +68,14 @@ def run_vector(vector: Vector, subject: Subject) -> Outcome:
     """Run one vector; a `PortFailure` is turned into an ``error`` outcome."""
     steps = vector.steps
     index = 0
+    last_input = 0
     try:
         subject.start(vector.id, vector.config, vector.seed)
         count = len(steps)
         while index < count:
             step = steps[index]
             if step.kind == "in":
+                last_input = index
                 refused = subject.feed(step.value)
                 got = None if refused is None else refused[0]
                 if got != step.raises:
@@ -84,6 +98,10 @@ def run_vector(vector: Vector, subject: Subject) -> Outcome:
                 if output is None:
                     break
             index = run_end
+    except LateInputFailure as late:
+        return Outcome(vector, "failed", Divergence(
+            last_input, "accepted", f"accepted at its first output, then failed with a "
+            f"{late.kind} error: {late.message}"), steps_run=last_input, restart=True)
     except PortFailure as failure:
         return Outcome(vector, "error", reason=str(failure), index=index, steps_run=index)
     except Exception as crash:  # the implementation itself broke: a failure of this vector
@@ -212,7 +230,7 @@ def run_all(vectors: Iterable[Vector], subject_factory: Callable[[], Subject],
                 subject = subject_factory()
             outcome = run_vector(vector, subject)
             outcomes.append(outcome)
-            if outcome.status == "error":
+            if outcome.status == "error" or outcome.restart:
                 subject.close()
                 subject = None
     finally:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any, Final
 
 from machine.conformance import jsoncmp
-from machine.conformance.checker import PortFailure
+from machine.conformance.checker import LateInputFailure, PortFailure
 from machine.conformance.vectors import RAISE_KINDS, check_step
 
 __all__ = ["PortInfo", "PortSubject"]
@@ -133,6 +133,13 @@ class PortSubject:
             raise PortFailure(f"{where}: a reply must be a JSON object, got "
                               f"{jsoncmp.render(reply, 80)}")
         op = reply.get("op")
+        if op == "input-failed":      # §3: an input accepted at its first output failed later
+            self._broken = True       # its reply to the request is still to come: restart
+            kind, message = reply.get("kind"), reply.get("message", "")
+            if not isinstance(kind, str):
+                raise PortFailure(f"{where}: field /kind: must be a string")
+            raise LateInputFailure(kind, message if isinstance(message, str)
+                                   else jsoncmp.render(message, 200))
         if op == "error":
             raise PortFailure(f"{where}: the port reported an error: {reply.get('message')}")
         if op not in expected:

@@ -49,6 +49,7 @@ INPUT_FIELDS: Final[dict[str, tuple[frozenset[str], frozenset[str]]]] = {
     "cancel": (frozenset({"cause"}), frozenset({"keepInbox"})),
     "dispose": (frozenset(), frozenset()),
     "append": (frozenset({"type", "data"}), frozenset({"surfaceOp", "sourceEventSeqs"})),
+    "observer": (frozenset({"action"}), frozenset()),
     "resolve": (frozenset({"effect"}), frozenset({"value"})),
     "raise": (frozenset({"effect", "error"}), frozenset()),
     "chunk": (frozenset({"effect", "chunk"}), frozenset()),
@@ -62,10 +63,11 @@ OUTPUT_KINDS: Final = ("event", "live", "effect", "abort", "release", "none")
 CONFIG_FIELDS: Final = {"requestOptions": "request_options", "toolModes": "tool_modes",
                         "maxParallelToolCalls": "max_parallel_tool_calls",
                         "sessionStart": "session_start", "publish": "publish"}
-TOP_FIELDS: Final = ("version", "id", "title", "rules", "tags", "config", "seed", "steps")
+TOP_FIELDS: Final = ("version", "id", "title", "rules", "tags", "original", "config", "seed",
+                     "steps")
 REQUIRED_TOP: Final = frozenset({"version", "id", "title", "rules", "tags", "config", "steps"})
 ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
-RULE_PATTERN: Final = re.compile(r"(R\d+(\.\d+)*|D[1-8]|[PLVE]\d+)\Z")
+RULE_PATTERN: Final = re.compile(r"(R\d+(\.\d+)*|D[1-9]\d*|[PLVE]\d+)\Z")
 TAG_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9:._-]*\Z")
 
 
@@ -118,6 +120,9 @@ class Vector:
     path: str = "<memory>"
     #: 1-based line of each step in the file (0 when unknown)
     lines: tuple[int, ...] = ()
+    #: for a vector tagged differs-from-original: the 1-based step at which the original
+    #: implementation departs (informative; specs/differences.md)
+    original_step: int | None = None
 
     @property
     def requires(self) -> frozenset[str]:
@@ -127,6 +132,10 @@ class Vector:
             needs.add("seed")
         if any(s.kind == "in" and s.value["in"] == "append" for s in self.steps):
             needs.add("append")
+        if any(s.kind == "in" and s.value["in"] == "observer" for s in self.steps):
+            needs.add("observer")
+        # a seam the original lacks: the vector is tagged extension:<capability> (§Skipping)
+        needs.update(t[len("extension:"):] for t in self.tags if t.startswith("extension:"))
         return frozenset(needs)
 
     def line(self, index: int) -> int:
@@ -291,8 +300,17 @@ def _vector(value: Any, name: str, text: str) -> Vector:
         steps.append(step)
         previous = step
     lines = _step_lines(text, steps_value)
+    original_step: int | None = None
+    if "original" in value:
+        original = value["original"]
+        _require(isinstance(original, dict) and set(original) == {"step"}, ("original",),
+                 'must be {"step": N}: where the original implementation departs')
+        step_number = original["step"]
+        _require(type(step_number) is int and 1 <= step_number <= len(steps),
+                 ("original", "step"), f"must be a step number from 1 to {len(steps)}")
+        original_step = step_number
     return Vector(value["id"], value["title"], rules, tags, config, tuple(steps),
-                  tuple(seed), name, lines)
+                  tuple(seed), name, lines, original_step)
 
 
 def _step_lines(text: str, raw_steps: list[Any]) -> tuple[int, ...]:
@@ -345,6 +363,9 @@ def _input_step(raw: dict[str, Any], path: jsoncmp.Path, note: str | None) -> St
         effect = raw["effect"]
         _require(type(effect) is int and effect >= 0, (*path, "effect"),
                  "must be a non-negative integer effect id")
+    if kind == "observer":
+        _require(raw["action"] in ("throw", "veto"), (*path, "action"),
+                 "must be 'throw' or 'veto' (P14)")
     raises = raw.get("raises")
     _require(raises is None or raises in RAISE_KINDS, (*path, "raises"),
              f"must be one of {', '.join(RAISE_KINDS)}")
@@ -432,8 +453,10 @@ def find_vectors(paths: Sequence[str | Path]) -> Iterator[Path]:
 
 def vector_to_json(vector: Vector) -> dict[str, Any]:
     out: dict[str, Any] = {"version": VERSION, "id": vector.id, "title": vector.title,
-                           "rules": list(vector.rules), "tags": list(vector.tags),
-                           "config": vector.config}
+                           "rules": list(vector.rules), "tags": list(vector.tags)}
+    if vector.original_step is not None:
+        out["original"] = {"step": vector.original_step}
+    out["config"] = vector.config
     if vector.seed:
         out["seed"] = list(vector.seed)
     out["steps"] = [step.to_json() for step in vector.steps]

@@ -5,9 +5,11 @@ The spec fixes the names and codes of the errors the core builds itself
 ``INVALID_TOOL_RESULT``, ``RequestConfigError``/``INVALID_REQUEST_CONFIG``,
 ``InvalidSystemPrompt``/``INVALID_SYSTEM_PROMPT``) and the prefix of the
 invalid-decision warning (R0.8, R7.11), but not the human text that says
-what is wrong. `loose_fields` finds those texts in an output, so that a
-vector (or a trace check) compares them by prefix only. Everything else an
-output carries is compared exactly.
+what is wrong. The same goes for the one uncoded error the core builds, a
+request config without provider or model (R9.6, named ``Error`` as in the
+original, whose text names the agent). `loose_fields` finds those texts in an
+output, so that a vector (or a trace check) compares them by prefix only.
+Everything else an output carries is compared exactly.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from machine.conformance.jsoncmp import Path
+from machine.core import NO_ROUTE_MESSAGE
 
 __all__ = ["INVALID_DECISION_PREFIX", "SYNTHESISED_CODES", "loose_fields"]
 
@@ -22,6 +25,8 @@ __all__ = ["INVALID_DECISION_PREFIX", "SYNTHESISED_CODES", "loose_fields"]
 SYNTHESISED_CODES: Final = frozenset({
     "INVALID_CHUNK", "INVALID_TOOL_RESULT", "INVALID_REQUEST_CONFIG", "INVALID_SYSTEM_PROMPT",
 })
+#: Messages of uncoded errors the core builds (R9.6), worded by the implementation.
+WORDED_MESSAGES: Final = frozenset({NO_ROUTE_MESSAGE})
 #: R7.11: the warning text is this prefix followed by an implementation-worded problem.
 INVALID_DECISION_PREFIX: Final = "prompt admission returned an invalid decision: "
 
@@ -41,7 +46,8 @@ def loose_fields(output: dict[str, Any]) -> dict[Path, str]:
 def _walk(value: Any, path: Path, loose: dict[Path, str]) -> None:
     if isinstance(value, dict):
         code = value.get("code")
-        if code in SYNTHESISED_CODES and isinstance(value.get("message"), str):
+        message = value.get("message")
+        if isinstance(message, str) and (code in SYNTHESISED_CODES or message in WORDED_MESSAGES):
             loose[(*path, "message")] = ""
         for key, item in value.items():
             if isinstance(item, (dict, list)):

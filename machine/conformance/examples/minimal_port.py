@@ -34,7 +34,8 @@ class Port:
     # One method per request op; each returns the reply objects.
     def hello(self, request: dict[str, Any]) -> list[dict[str, Any]]:
         return [{"op": "hello", "protocol": 1, "implementation": self.name,
-                 "capabilities": ["seed", "append"], "deviations": self.deviations}]
+                 "capabilities": ["seed", "append", "observer", "prepare-result",
+                                  "request-header"], "deviations": self.deviations}]
 
     def start(self, request: dict[str, Any]) -> list[dict[str, Any]]:
         config = CoreConfig(**{CONFIG[k]: v for k, v in request.get("config", {}).items()})

@@ -10,7 +10,10 @@ Bugs:
   the original implementation's behaviour that D6 changed; declare ``--deviate D6``
   to have the vectors tagged D6 skipped;
 * ``garbage`` — answers the first pull with a line that is not JSON;
-* ``hang`` — never answers the first pull.
+* ``hang`` — never answers the first pull;
+* ``late-failure`` — accepts the first ``followup`` at once and reports it as failed
+  afterwards (``input-failed`` before its next reply, PROTOCOL.md §3), as a port whose
+  command fails after its first output would.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 from machine.conformance.examples.minimal_port import Port
 
-BUGS = ("idle-steer", "no-context-discard", "garbage", "hang")
+BUGS = ("idle-steer", "no-context-discard", "garbage", "hang", "late-failure")
 
 
 class WrongPort(Port):
@@ -33,15 +36,25 @@ class WrongPort(Port):
         self.deviations = deviations
         self.misrouted: set[str] = set()
         self.pulls = 0
+        self.late: dict[str, Any] | None = None
+        self.failed_once = False
 
     def input(self, request: dict[str, Any]) -> list[dict[str, Any]]:
         value = request["input"]
         if (self.bug == "idle-steer" and value.get("in") == "steer"
                 and not self.core.accepts_next_step and isinstance(value.get("message"), dict)):
             self.misrouted.add(str(value["message"].get("id")))
+        if self.bug == "late-failure" and value.get("in") == "followup" and not self.failed_once:
+            self.failed_once = True
+            self.late = {"op": "input-failed", "kind": "validation",
+                         "message": "the followup failed after its first output"}
+            return [{"op": "accepted"}]
         return super().input(request)
 
     def pull(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+        if self.late is not None:
+            late, self.late = self.late, None
+            return [late]
         self.pulls += 1
         if self.bug == "hang" and self.pulls == 1:
             time.sleep(3600)
