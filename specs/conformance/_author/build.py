@@ -11,6 +11,7 @@ exits 1.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 import traceback
@@ -25,6 +26,14 @@ if str(HERE) not in sys.path:
 
 from machine.conformance.authoring import REGISTRY, Scenario  # noqa: E402
 from machine.conformance.vectors import dump_vector, parse_vector  # noqa: E402
+
+#: Where the original implementation departs, per vector tagged differs-from-original: the
+#: step of its first divergence when the corpus was run against it (specs/differences.md,
+#: "How this was established"). Informative; written into the vectors as "original".
+ORIGINAL_STEPS: dict[str, int] = {
+    line.split("\t")[0]: int(line.split("\t")[1])
+    for line in (HERE / "original-steps.tsv").read_text("utf-8").splitlines()
+    if line and not line.startswith("#")}
 
 
 def scenarios() -> list[Scenario]:
@@ -41,7 +50,10 @@ def build(prefixes: list[str] | None = None) -> tuple[dict[str, str], dict[str, 
         if prefixes and not any(item.id.startswith(p) for p in prefixes):
             continue
         try:
-            text = dump_vector(item.build())
+            vector = item.build()
+            if item.id in ORIGINAL_STEPS:
+                vector = dataclasses.replace(vector, original_step=ORIGINAL_STEPS[item.id])
+            text = dump_vector(vector)
             parse_vector(text, f"{item.id}.json")  # what is written must load
             texts[item.id] = text
         except Exception as exc:  # a failed review: report, do not write

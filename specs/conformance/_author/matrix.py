@@ -369,16 +369,16 @@ def m05_dispose() -> Session:
     return s
 
 
-@cell(6, "steer", "(at the prompt's user/message) taken by the rest drain (D3)",
-      ["R8.3", "R11.1", "D3"], ["differs-from-original", "D3"])
+@cell(6, "steer", "(at the prompt's user/message) taken by the rest drain",
+      ["R8.3", "R11.1"])
 def m06_steer() -> Session:
     s = basic(PROMPT_UM, "steer")
     s.expect_log(RUN_START_STEER)
     return s
 
 
-@cell(6, "inject", "(at the prompt's user/message) taken by the rest drain (D3)",
-      ["R8.3", "R11.1", "D3"], ["differs-from-original", "D3"])
+@cell(6, "inject", "(at the prompt's user/message) taken by the rest drain",
+      ["R8.3", "R11.1"])
 def m06_inject() -> Session:
     s = basic(PROMPT_UM, "inject")
     s.expect_log(RUN_START_INJECT)
@@ -856,8 +856,9 @@ def m15_cancel() -> Session:
     return s
 
 
-@cell(15, "cancel-after-concluding", "(a step whose result concluded the turn) R8.4's last check "
-      "ends the turn aborted", ["R8.4", "R10.6", "R15.1"], ["tools", "cancel"])
+@cell(15, "cancel-after-concluding", "(a step whose result concluded the turn) effective (its "
+      "notice, its abort), but the turn ends at once, with no signal check: its reason stays "
+      "completed, as in the original", ["R8.4", "R10.6", "R16.2"], ["tools", "cancel"])
 def m15_cancel_after_concluding() -> Session:
     s = Session(calls(("c1", "t")))
     s.handle("tool-execute", lambda e: ("resolve", result(concludesTurn=True)))
@@ -865,7 +866,8 @@ def m15_cancel_after_concluding() -> Session:
     s.followup("go")
     s.run()
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;call c1) TC(1.1;c1) "
-                 "TR(1.1;c1;ok) SE(1.1) TE(1,aborted)")
+                 "TR(1.1;c1;ok) SE(1.1) TE(1,completed)")
+    assert "cancel-req(user)" in s.live() and "settled(1,completed)" in s.live()
     return s
 
 
@@ -903,8 +905,7 @@ def m16_steer() -> Session:
     return s
 
 
-@cell(16, "inject", "written inside the turn after the final step/end; no step", ["R8.5", "D3"],
-      ["differs-from-original", "D3"])
+@cell(16, "inject", "written inside the turn after the final step/end; no step", ["R8.5"])
 def m16_inject() -> Session:
     s = basic(TURN_STOPPING, "inject")
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'one') SE(1.1) "
@@ -927,8 +928,9 @@ def m16_cancel() -> Session:
     return s
 
 
-@cell(16, "cancel-in-drain", "(at an output of the turn-stopping drain) the last check ends the "
-      "turn aborted", ["R8.5", "R15.1"], ["cancel"])
+@cell(16, "cancel-in-drain", "(at an output of the turn-stopping drain that took no steering) "
+      "effective, but no signal check follows that drain: the turn ends completed, as in the "
+      "original", ["R8.5", "R16.2"], ["cancel"])
 def m16_cancel_in_drain() -> Session:
     s = Session("one")
     s.handle("turn-stopping", lambda e: s.inject("stop-time", "plugin:test"), times=1)
@@ -936,7 +938,8 @@ def m16_cancel_in_drain() -> Session:
     s.followup("go")
     s.run()
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'one') SE(1.1) "
-                 "UM('stop-time';plugin:test) TE(1,aborted)")
+                 "UM('stop-time';plugin:test) TE(1,completed)")
+    assert "cancel-req(user)" in s.live() and "settled(1,completed)" in s.live()
     return s
 
 
@@ -983,7 +986,7 @@ def m17_inject() -> Session:
 
 
 @cell(17, "followup", "(retry authorized) queued; claimed once the chain is over",
-      ["R12.8", "R13.3", "D1"], ["differs-from-original", "D1"])
+      ["R12.8", "R13.3"])
 def m17_followup() -> Session:
     s = failing(REQUEST_ERROR, "followup", retry=True, replies=("ok", "two"))
     s.expect_log(FAILED_TURN + " TS(2,retry) SS(2.1) CH… AM(2.1;'ok') SE(2.1) TE(2,completed) "
@@ -992,7 +995,7 @@ def m17_followup() -> Session:
 
 
 @cell(17, "cancel", "no retry even though recovery authorizes one; turn/end aborted",
-      ["R13.2", "R13.5", "R15.1", "D2"], ["cancel", "differs-from-original", "D2"])
+      ["R13.2", "R13.5", "R15.1"], ["cancel"])
 def m17_cancel() -> Session:
     s = failing(REQUEST_ERROR, "cancel", retry=True)
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) SE(1.1) TE(1,aborted)")
@@ -1041,7 +1044,7 @@ def m18_followup() -> Session:
 
 
 @cell(18, "cancel", "(retry authorized) the error reason stays; the pending retry is dropped",
-      ["R13.5", "R16.2", "D2"], ["cancel", "differs-from-original", "D2"])
+      ["R13.5", "R16.2"], ["cancel"])
 def m18_cancel() -> Session:
     s = failing(AGENT_ERROR, "cancel", retry=True)
     s.expect_log(FAILED_TURN)
@@ -1057,7 +1060,7 @@ TURN_END = durable("turn/end")
 
 
 @cell(19, "steer", "queued without a wake; claimed after the flush with no idle in between",
-      ["R12.1", "R12.7", "D1"], ["differs-from-original", "D1"])
+      ["R12.1", "R12.7"])
 def m19_steer() -> Session:
     s = basic(TURN_END, "steer")
     s.expect_log(TWO_TURNS.replace("'F'", "'S'"))
@@ -1082,7 +1085,7 @@ def m19_followup() -> Session:
 
 @cell(19, "cancel", "(failed turn, retry authorized) effective: cancel-requested, the retry is "
       "dropped, abort for the finished controller; the reason stays",
-      ["R12.2", "R13.5", "R4.4", "D2"], ["cancel", "differs-from-original", "D2"])
+      ["R12.2", "R13.5", "R4.4"], ["cancel"])
 def m19_cancel() -> Session:
     s = failing(TURN_END, "cancel", retry=True)
     s.expect_log(FAILED_TURN)
@@ -1134,8 +1137,8 @@ def m20_followup() -> Session:
     return s
 
 
-@cell(20, "followup-at-failed-flush", "(at a failed flush's agent/error) queued; claimed right "
-      "after the flush", ["R12.4", "R6.1"])
+@cell(20, "followup-at-failed-flush", "(at a failed flush's agent/error) queued without a wake "
+      "(D1); claimed right after the flush", ["R12.4", "R6.1", "D1"], ["differs-from-original", "D1"])
 def m20_followup_at_failed_flush() -> Session:
     s = Session("one", "two")
     s.handle("flush", lambda e: ("raise", error("disk unavailable")), times=1)
@@ -1192,7 +1195,8 @@ def m20_dispose() -> Session:
 SETTLED = live("agent/settled")
 
 
-@cell(21, "steer", "queued; claimed right away by continue-or-idle", ["R12.7", "R6.1"])
+@cell(21, "steer", "queued without a wake (D1); claimed right away by continue-or-idle",
+      ["R12.7", "R6.1", "D1"], ["differs-from-original", "D1"])
 def m21_steer() -> Session:
     s = basic(SETTLED, "steer")
     s.expect_log(TWO_TURNS.replace("'F'", "'S'"))
@@ -1207,7 +1211,8 @@ def m21_inject() -> Session:
     return s
 
 
-@cell(21, "followup", "queued; claimed right away", ["R12.7"])
+@cell(21, "followup", "queued without a wake (D1); claimed right away", ["R12.7", "D1"],
+      ["differs-from-original", "D1"])
 def m21_followup() -> Session:
     s = basic(SETTLED, "followup")
     s.expect_log(TWO_TURNS)
@@ -1271,15 +1276,16 @@ def m22_steer() -> Session:
     return s
 
 
-@cell(22, "inject", "(at its context append) appended now, right after that event",
-      ["R7.10", "R5.2", "R0.6"])
+@cell(22, "inject", "(at its context append) appended now, right after that event (D4)",
+      ["R7.10", "R5.2", "R0.6", "D4"], ["differs-from-original", "D4"])
 def m22_inject() -> Session:
     s = rejected(durable("user/message"), "inject")
     assert s.log() == ["UM('staged';plugin:test)", "UM('C';plugin:test)"]
     return s
 
 
-@cell(22, "followup", "(during its tick) queued; claimed at continue-or-idle", ["R7.10", "R12.7"])
+@cell(22, "followup", "(during its tick) queued without a wake (D1); claimed at continue-or-idle",
+      ["R7.10", "R12.7", "D1"], ["differs-from-original", "D1"])
 def m22_followup() -> Session:
     s = rejected(TAIL_TICK, "followup")
     assert s.log()[:3] == ["UM('staged';plugin:test)", "TS(1,msg:user)", "UM('F')"]
@@ -1408,22 +1414,91 @@ def m24_followup() -> Session:
     return s
 
 
-@cell(24, "cancel", "joins that cancel: cancel-requested again, nothing more cleared, the first "
-      "cause stays", ["R16.3", "P7"], ["cancel"])
-def m24_cancel() -> Session:
+def cancelled_while_streaming(observer: Callable[[Session], None], *, times: int | None = 1,
+                              keep_inbox: bool = False, steer: bool = False) -> Session:
+    """A streaming turn cancelled (by a user cancel), *observer* acting at its
+    agent/cancel-requested (the first *times* of them), then the stream aborting."""
     s = Session()
     s.hold("model")
-    s.on(CANCEL_REQ, lambda o: s.cancel("parent"), nth=1)
+    s.on(CANCEL_REQ, lambda o: observer(s), times=times)
     s.followup("go")
     s.run()
-    s.cancel()
+    if steer:
+        s.steer("S")
+    s.cancel(keep_inbox=keep_inbox)
     s.run()
     s.fail_model(ABORT)
     s.run()
-    assert [t for t in s.live() if t.startswith("cancel-req")] == [
-        "cancel-req(user)", "cancel-req(parent)"]
+    return s
+
+
+@cell(24, "cancel", "joins that cancel (D9): with nothing new to clear it does nothing, so no "
+      "second cancel-requested, and the first cause is the reason", ["R16.3", "P7", "D9"],
+      ["cancel", "differs-from-original", "D9"])
+def m24_cancel() -> Session:
+    s = cancelled_while_streaming(lambda s: s.cancel("parent"))
+    assert [t for t in s.live() if t.startswith("cancel-req")] == ["cancel-req(user)"]
     aborts = [o.to_json() for o in s.outputs if o.to_json().get("out") == "abort"]
     assert [a["reason"] for a in aborts] == [{"kind": "user"}]
+    return s
+
+
+@cell(24, "cancel-with-new-input", "joins that cancel with new input to clear: cancel-requested "
+      "again, the input is swept into the same reports, and the joined cancel aborts first: its "
+      "cause is the abort's reason and the turn's", ["R16.3", "P7", "R16.2"], ["cancel"])
+def m24_cancel_with_new_input() -> Session:
+    def queue_then_cancel(s: Session) -> None:
+        s.followup("F")
+        s.cancel("parent")
+    s = cancelled_while_streaming(queue_then_cancel)
+    assert [t for t in s.live() if t.startswith(("cancel-req", "enq", "disc"))] == [
+        "enq(go,q)", "cancel-req(user)", "enq(F,q)", "cancel-req(parent)", "disc[F]"], s.live()
+    aborts = [o.to_json() for o in s.outputs if o.to_json().get("out") == "abort"]
+    assert [a["reason"] for a in aborts] == [{"kind": "parent"}]
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) SE(1.1) TE(1,aborted)")
+    return s
+
+
+@cell(24, "cancel-every-notice", "an observer that cancels on every cancel-requested stops (D9): "
+      "its first cancel joins with nothing new to clear and does nothing; the same holds with "
+      "keepInbox, and on an idle core with one quiet item", ["R16.1", "P7", "D9"],
+      ["cancel", "differs-from-original", "D9"])
+def m24_cancel_every_notice() -> Session:
+    s = cancelled_while_streaming(lambda s: s.cancel("parent"), times=None)
+    s.send("quiet", {"target": "next-turn", "wakeup": False})
+    s.run()
+    s.cancel()                                   # idle, the quiet item is pending: effective
+    s.run()
+    assert [t for t in s.live() if t.startswith("cancel-req")] == [
+        "cancel-req(user)", "cancel-req(user)"], s.live()
+    assert "disc[quiet]" in s.live()
+    return s
+
+
+@cell(24, "cancel-keep-inbox-every-notice", "(keepInbox cancels) an observer that cancels with "
+      "keepInbox on every cancel-requested stops (D9): a joined keepInbox cancel clears nothing "
+      "and does nothing; the staged steering is retained", ["R16.5", "P7", "D9"],
+      ["cancel", "differs-from-original", "D9"])
+def m24_cancel_keep_inbox_every_notice() -> Session:
+    s = cancelled_while_streaming(lambda s: s.cancel("parent", keep_inbox=True), times=None,
+                                  keep_inbox=True, steer=True)
+    assert [t for t in s.live() if t.startswith(("cancel-req", "disc"))] == [
+        "cancel-req(user)"], s.live()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) SE(1.1) TE(1,aborted)")
+    assert s.core.pending_steering == 1
+    return s
+
+
+@cell(24, "cancel-joins-keep-inbox", "(a keepInbox cancel being announced) a joined cancel "
+      "without keepInbox clears what is pending into reports queued ahead of the abort, and "
+      "aborts first: its cause is the reason", ["R16.3", "R16.5", "P7"], ["cancel"])
+def m24_cancel_joins_keep_inbox() -> Session:
+    s = cancelled_while_streaming(lambda s: s.cancel("parent"), keep_inbox=True, steer=True)
+    assert [t for t in s.live() if t.startswith(("cancel-req", "disc"))] == [
+        "cancel-req(user)", "cancel-req(parent)", "disc[S]"], s.live()
+    aborts = [o.to_json() for o in s.outputs if o.to_json().get("out") == "abort"]
+    assert [a["reason"] for a in aborts] == [{"kind": "parent"}]
+    assert s.core.pending_steering == 0
     return s
 
 
@@ -1549,7 +1624,8 @@ def m26_cancel() -> Session:
 
 
 @cell(27, "all", "every command but dispose raises DisposedError with no effect, ahead of "
-      "validation; dispose() does nothing", ["R17.3", "P10"], ["dispose"])
+      "validation; dispose() does nothing (D10)", ["R17.3", "P10", "D10"],
+      ["dispose", "differs-from-original", "D10"])
 def m27_all() -> Session:
     s = Session()
     s.dispose()

@@ -10,7 +10,9 @@ from typing import Any
 from machine.conformance.authoring import (
     Session,
     calls,
+    durable,
     error,
+    live,
     model_failure,
     reply,
     result,
@@ -65,30 +67,38 @@ def arguments() -> Session:
     return s
 
 
-@scenario("R-batch-failure-raise",
-          "R10.9: a tool stage that raises fails the batch: calls ahead of it are committed and "
-          "their contexts staged, the failing call and the ones after it get no tool/result, the "
-          "step is closed without an end-of-step drain and the turn ends with a generic error "
-          "carrying the error's rendered text and code; the staged context is retained and "
-          "written by the next admitted turn",
-          ["R10.9", "R8.6", "R15.3", "R11.3", "R4.10", "R0.9", "D5"], ["rule", "tools"])
-def batch_failure_raise() -> Session:
-    s = Session(calls(("c1", "t"), ("c2", "t"), ("c3", "t")), "next")
+@scenario("R-tool-stage-raises",
+          "R10.12: a raising tool stage stands for an error result, as the original's tool runner "
+          "makes it: a body (execute) that raises gets 'Error: <message>' with error {name, code} "
+          "(coded errors only), and finalize still sees that result; a raising prepare gives the "
+          "call its final error result (no execute, no finalize); a raising finalize replaces the "
+          "result; the batch goes on and the model sees every result",
+          ["R10.12", "R10.3", "R10.4", "R10.5", "R9.10"], ["rule", "tools"])
+def tool_stage_raises() -> Session:
+    s = Session(calls(("c1", "t"), ("c2", "t"), ("c3", "t"), ("c4", "t")), "next")
     s.handle("tool-finalize", lambda e: ("resolve", result(contexts=[s.msg("ctx-c1", "plugin:p")]))
-             if e.payload["callId"] == "c1" else None)
+             if e.payload["callId"] == "c1" else (
+                 ("raise", ErrorInfo("post failed", "PostError")) if e.payload["callId"] == "c4"
+                 else None))
     s.handle("tool-execute", lambda e: ("raise", ErrorInfo(
         "disk full", "ToolError", "EIO", causes=("write failed",)))
              if e.payload["callId"] == "c2" else None)
+    s.handle("tool-prepare", lambda e: ("raise", ErrorInfo("no such tool", "LookupError"))
+             if e.payload["callId"] == "c3" else None)
     s.followup("go")
     s.run()
-    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;call c1+call c2+call c3) "
-                 "TC(1.1;c1) TR(1.1;c1;ok) TC(1.1;c2) SE(1.1) TE(1,error)")
-    assert s.reasons() == [{"kind": "error", "step": 1, "message": "disk full: write failed",
-                            "code": "EIO"}]
-    assert s.core.pending_context == 1
-    s.followup("again")
-    s.run()
-    assert s.log()[11:14] == ["TS(2,msg:user)", "UM('ctx-c1';plugin:p)", "UM('again')"], s.log()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… "
+                 "AM(1.1;call c1+call c2+call c3+call c4) TC(1.1;c1) TR(1.1;c1;ok) TC(1.1;c2) "
+                 "TR(1.1;c2;ERR EIO) TC(1.1;c3) TR(1.1;c3;ERR) TC(1.1;c4) TR(1.1;c4;ERR) "
+                 "UM('ctx-c1';plugin:p) SE(1.1) SS(1.2) CH… AM(1.2;'next') SE(1.2) TE(1,completed)")
+    finalized = {e.payload["callId"]: e.payload["result"] for e in s.effects("tool-finalize")}
+    assert set(finalized) == {"c1", "c2", "c4"}, finalized
+    assert finalized["c2"] == {"content": [{"type": "text", "text": "Error: disk full"}],
+                               "isError": True, "error": {"name": "ToolError", "code": "EIO"}}
+    results = [d for d in s.data("tool/result")]
+    assert "error" not in results[2] and "error" not in results[3], results
+    assert results[3]["message"]["content"][0]["content"] == [
+        {"type": "text", "text": "Error: post failed"}]
     return s
 
 
@@ -160,8 +170,8 @@ def invalid_chunks() -> Session:
 
 @scenario("R-chunk-after-finish",
           "R9.7: a chunk after the finish chunk is invalid: the stream is released, the step "
-          "fails with INVALID_CHUNK and no assistant message is written",
-          ["R9.7", "R15.4", "P5"], ["rule"])
+          "fails with INVALID_CHUNK and no assistant message is written (D5)",
+          ["R9.7", "R15.4", "P5", "D5"], ["rule", "differs-from-original", "D5"])
 def chunk_after_finish() -> Session:
     s = Session()
     s.hold("model")
@@ -176,18 +186,40 @@ def chunk_after_finish() -> Session:
     return s
 
 
+@scenario("R-unknown-chunk-type",
+          "R9.7, P12: a chunk of a type the stream may not carry ({type:'ping'}) is an invalid "
+          "chunk: the stream is released and the step fails with INVALID_CHUNK without appending "
+          "it (D5)",
+          ["R9.7", "P12", "V18", "R15.4", "D5"], ["rule", "differs-from-original", "D5"])
+def unknown_chunk_type() -> Session:
+    s = Session()
+    s.hold("model")
+    s.followup("go")
+    s.run()
+    s.stream([{"type": "text", "text": "so far"}, {"type": "ping"}], end=False)
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH SE(1.1) TE(1,error)")
+    assert s.reasons()[0]["code"] == "INVALID_CHUNK"
+    assert "release" in s.trace() and not s.driver.held
+    return s
+
+
 @scenario("P-invalid-request-header",
-          "P13, R9.6: a request header whose config lacks a model is a generic failure coded "
-          "INVALID_REQUEST_CONFIG (RequestConfigError), not a request failure; no header is "
-          "logged and no model call is made",
-          ["P13", "R9.6", "R15.4", "R13.1", "D5"], ["rule"])
+          "P13, R9.6: a request config that lacks a model fails request preparation with an "
+          "uncoded error named Error (as in the original; its text is implementation-worded), "
+          "a generic failure, not a request failure; no header is logged and no model call is "
+          "made",
+          ["P13", "R9.6", "R15.3", "R13.1"], ["rule"])
 def invalid_header() -> Session:
     s = Session()
     s.handle("request", lambda e: ("resolve", {"config": {"provider": "p"}}))
     s.followup("go")
     s.run()
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) SE(1.1) TE(1,error)")
-    assert s.reasons()[0]["code"] == "INVALID_REQUEST_CONFIG"
+    reason = s.reasons()[0]
+    assert "code" not in reason and reason["kind"] == "error" and reason["step"] == 1, reason
+    errors = [o.to_json() for o in s.outputs if o.to_json().get("type") == "agent/error"]
+    assert errors[0]["error"]["name"] == "Error" and "code" not in errors[0]["error"]
     assert not s.effects("model") and not s.effects("request-error")
     return s
 
@@ -201,7 +233,7 @@ def header_change() -> Session:
     s = Session("one", "two", "three", request_options={"provider": "p", "model": "m1"})
     headers = iter([{"config": {"provider": "p", "model": "m1"}},
                     {"config": {"provider": "p", "model": "m1"}},
-                    {"config": {"provider": "p", "model": "m2"}, "system": "be brief"}])
+                    {"config": {"provider": "p", "model": "m2"}}])
     s.handle("request", lambda e: ("resolve", next(headers)))
     s.followup("a")
     s.followup("b")
@@ -212,6 +244,26 @@ def header_change() -> Session:
     assert seeds == [{"provider": "p", "model": "m1"}] * 3
     am = s.data("assistant/message")
     assert am[2]["message"]["source"] == {"kind": "model", "provider": "p", "model": "m2"}
+    return s
+
+
+@scenario("R-request-header-system",
+          "R9.6, P4: the request resolution may set the header's system prompt and tools (a seam "
+          "the original lacks: its header takes them from the system-prompt assembly; capability "
+          "request-header); a header that differs only there is logged with reason 'change'",
+          ["R9.6", "P4", "P13"], ["rule", "extension", "extension:request-header"])
+def header_system() -> Session:
+    s = Session("one", "two", request_options={"provider": "p", "model": "m1"})
+    headers = iter([{"config": {"provider": "p", "model": "m1"}},
+                    {"config": {"provider": "p", "model": "m1"}, "system": "be brief",
+                     "tools": [{"name": "t"}]}])
+    s.handle("request", lambda e: ("resolve", next(headers)))
+    s.followup("a")
+    s.followup("b")
+    s.run()
+    assert [t for t in s.log() if t.startswith("RH")] == ["RH(initial)", "RH(change)"]
+    models = s.effects("model")
+    assert models[1].payload["header"]["system"] == "be brief"
     return s
 
 
@@ -245,8 +297,11 @@ def parallel_pool() -> Session:
 
 @scenario("R-prepare-final-result",
           "R10.3, R10.11: a prepare stage that supplies a final result skips execute and "
-          "finalize; that result is kept even when the turn was aborted meanwhile",
-          ["R10.3", "R10.11", "R10.7"], ["rule", "tools", "cancel"])
+          "finalize; that result is kept even when the turn was aborted meanwhile (a seam the "
+          "original lacks: its pre-execute gate can only allow, deny or ask; capability "
+          "prepare-result)",
+          ["R10.3", "R10.11", "R10.7"],
+          ["rule", "tools", "cancel", "extension", "extension:prepare-result"])
 def prepare_final() -> Session:
     s = Session(calls(("c1", "t"), ("c2", "t")))
 
@@ -312,8 +367,8 @@ def max_tokens_sticky() -> Session:
 @scenario("R-dispose-no-new-work",
           "R17.4, R17.1: while disposing nothing new is claimed: a waking prompt sent during the "
           "turn's disposal is discarded by a disposed cancel at continue-or-idle; a quiet item "
-          "sent during the flush is reported at teardown, before agent/disposed",
-          ["R17.4", "R17.1", "R17.3", "R20.1"], ["rule", "dispose"])
+          "sent during the flush is reported at teardown, before agent/disposed (D11)",
+          ["R17.4", "R17.1", "R17.3", "R20.1", "D11"], ["rule", "dispose", "differs-from-original", "D11"])
 def dispose_no_new_work() -> Session:
     s = Session()
     s.hold("model")
@@ -433,16 +488,16 @@ def lazy_completions() -> Session:
 
 @scenario("P-folding-and-ids",
           "P12, R9.8: consecutive text chunks extend one text block, reasoning likewise, a block "
-          "chunk adds its block, other chunk types add nothing; the assistant id is "
-          "assistant-<seq> and its source names the header's provider and model; usage comes "
-          "from the finish chunk",
+          "chunk adds its block, a usage chunk adds no content; the assistant id is "
+          "assistant-<seq> and its source names the header's provider and model; usage is the "
+          "usage chunk's",
           ["P12", "R9.8", "R9.7", "V18"], ["rule", "protocol"])
 def folding() -> Session:
     chunks = [{"type": "reasoning", "text": "think "}, {"type": "reasoning", "text": "hard"},
               {"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"},
-              {"type": "ping"}, {"type": "text", "text": "!"},
+              {"type": "text", "text": "!"},
               {"type": "block", "block": {"type": "text", "text": "as a block"}},
-              {"type": "finish", "kind": "stop", "usage": {"outputTokens": 7}}]
+              {"type": "usage", "usage": {"outputTokens": 7}}, {"type": "finish", "kind": "stop"}]
     s = Session(chunks, request_options={"provider": "acme", "model": "m-1"})
     s.followup("go")
     s.run()
@@ -454,6 +509,28 @@ def folding() -> Session:
         {"type": "text", "text": "as a block"}], am
     assert am["message"]["source"] == {"kind": "model", "provider": "acme", "model": "m-1"}
     assert am["usage"] == {"outputTokens": 7}
+    return s
+
+
+@scenario("P-observers-throw",
+          "P14, R0.1: observers that throw change nothing: their failures are contained by the "
+          "driver, at a live notice (running), at durable events (turn/start, a streamed chunk, "
+          "turn/end) and at agent/settled; the turn and the next one run as if nothing had "
+          "happened",
+          ["P14", "R0.1", "L11", "P2"], ["rule", "protocol"])
+def observers_throw() -> Session:
+    s = Session("one", "two")
+    for position in (live("agent/status", status="running"), durable("turn/start"),
+                     durable("assistant/chunk"), durable("turn/end"), live("agent/settled")):
+        s.on(position, lambda _o: s.observer_throws())
+    s.followup("first")
+    s.run()
+    s.followup("second")
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('first') SS(1.1) RH(initial) CH… AM(1.1;'one') SE(1.1) "
+                 "TE(1,completed) TS(2,msg:user) UM('second') SS(2.1) CH… AM(2.1;'two') SE(2.1) "
+                 "TE(2,completed)")
+    assert s.live().count("idle") == 2
     return s
 
 

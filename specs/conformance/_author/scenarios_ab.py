@@ -19,7 +19,7 @@ U = {"inputTokens": 3, "outputTokens": 2}
 def a1() -> Session:
     s = Session(["unused"])
     s.env.replies = [[{"type": "text", "text": "hello "}, {"type": "text", "text": "there"},
-                      {"type": "finish", "kind": "stop", "usage": U}]]
+                      {"type": "usage", "usage": U}, {"type": "finish", "kind": "stop"}]]
     s.followup("hi")
     s.run()
     s.expect_log("TS(1,msg:user) UM('hi') SS(1.1) RH(initial) CH… AM(1.1;'hello there') SE(1.1) "
@@ -118,7 +118,7 @@ def a5() -> Session:
 @scenario("A6-two-idle-steers-two-turns",
           "A6. Two idle steers issued in one synchronous stack are both queued and make two turns "
           "in one running interval; each request contains only its own prompt",
-          ["R6.3", "R5.3", "R6.1", "R12.7", "R4.1", "R4.2", "R7.1", "D1"], ["scenario", "scenario:A6"])
+          ["R6.3", "R5.3", "R6.1", "R12.7", "R4.1", "R4.2", "R7.1"], ["scenario", "scenario:A6"])
 def a6() -> Session:
     s = Session("first", "second")
     s.steer("S1")
@@ -294,10 +294,10 @@ def b7() -> Session:
 
 
 @scenario("B8-rejected-admission-append-then-prompt",
-          "B8. The rejected-admission context append cannot be undone (D7: an observer's failure "
-          "is contained by the driver and never reaches the core); a later prompt's request "
-          "holds the retained context first",
-          ["R7.10", "D7", "L13", "L11"],
+          "B8. The rejected-admission context append cannot be vetoed (D7): a pre-commit observer "
+          "vetoes the next append, that context's user/message (P14), and nothing changes; a "
+          "later prompt's request holds that context first",
+          ["R7.10", "D7", "L13", "L11", "P14"],
           ["scenario", "scenario:B8", "differs-from-original", "D7"])
 def b8() -> Session:
     s = Session("retried")
@@ -305,6 +305,7 @@ def b8() -> Session:
     s.followup("blocked")
     s.run()
     s.inject("retained context", "plugin:test")
+    s.observer_vetoes()
     s.resolve("prompt-submit", {"kind": "block", "reason": "no"})
     s.run()
     assert s.log() == ["UM('retained context';plugin:test)"]

@@ -150,7 +150,7 @@ def c8() -> Session:
 @scenario("C10-steer-from-turn-end-observer",
           "C10. A steer issued by a turn/end observer sees the window closed: it is queued "
           "without a wake and claimed after the flush, with no idle between the turns",
-          ["R12.1", "R4.3", "R5.3", "R6.1", "R12.7", "D1"], ["scenario", "scenario:C10"])
+          ["R12.1", "R4.3", "R5.3", "R6.1", "R12.7"], ["scenario", "scenario:C10"])
 def c10() -> Session:
     s = Session("turn 1", "turn 2")
     seen: list[bool] = []

@@ -493,8 +493,8 @@ def f2b() -> Session:
 
 @scenario("F2c-aborted-finish-default-failure",
           "F2 (variant). An aborted finish without a failure uses {message:'model request "
-          "aborted', code:'ABORTED'}",
-          ["R9.7", "R13.1", "R15.2"], ["scenario", "scenario:F2"])
+          "aborted', code:'ABORTED'} and is a request failure (D12)",
+          ["R9.7", "R13.1", "R15.2", "D12"], ["scenario", "scenario:F2", "differs-from-original", "D12"])
 def f2c() -> Session:
     s = _finish_failure({"type": "finish", "kind": "aborted"})
     assert s.reasons() == [{"kind": "error", "step": 1, "failure": {
@@ -536,11 +536,13 @@ def f6() -> Session:
 
 
 @scenario("F7a-turn-start-cannot-be-vetoed",
-          "F7a. turn/start cannot be vetoed (D7): an observer failure is contained by the driver; "
-          "the core runs both turns with turn numbers 1 and 2",
-          ["D7", "R8.2", "L11"], ["scenario", "scenario:F7", "differs-from-original", "D7"])
+          "F7a. turn/start cannot be vetoed (D7): a pre-commit observer vetoes the next append, "
+          "turn 1's turn/start (P14), and nothing changes: the prompt is recorded and the core "
+          "runs both turns with turn numbers 1 and 2",
+          ["D7", "R8.2", "L11", "P14"], ["scenario", "scenario:F7", "differs-from-original", "D7"])
 def f7a() -> Session:
     s = Session("one", "two")
+    s.on(live("agent/inbox/dequeue"), lambda _o: s.observer_vetoes())
     s.followup("first")
     s.run()
     s.followup("go")
@@ -555,7 +557,7 @@ def f7a() -> Session:
           "F7b. A direct append of turn/start{turn:2} during turn 1 (from the step extension "
           "point) is refused by the session invariants; nothing is appended, no seq is "
           "consumed, and the turn completes",
-          ["R20.2", "D7", "R0.6", "L2", "L4"], ["scenario", "scenario:F7", "differs-from-original", "D7"])
+          ["R20.2", "R0.6", "L2", "L4"], ["scenario", "scenario:F7"])
 def f7b() -> Session:
     s = Session("one")
 
@@ -573,11 +575,13 @@ def f7b() -> Session:
 
 
 @scenario("F8-step-end-cannot-be-vetoed",
-          "F8. step/end cannot be vetoed (D7): an observer failure is contained by the driver; "
-          "exactly one TS, SS, SE and TE, reason completed",
-          ["D7", "R9.10", "L11"], ["scenario", "scenario:F8", "differs-from-original", "D7"])
+          "F8. step/end cannot be vetoed (D7): a pre-commit observer vetoes the next append, the "
+          "step's step/end (P14), and nothing changes: exactly one TS, SS, SE and TE, reason "
+          "completed",
+          ["D7", "R9.10", "L11", "P14"], ["scenario", "scenario:F8", "differs-from-original", "D7"])
 def f8() -> Session:
     s = Session("ok")
+    s.on(durable("assistant/message"), lambda _o: s.observer_vetoes())
     s.followup("go")
     s.run()
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'ok') SE(1.1) "
@@ -588,8 +592,8 @@ def f8() -> Session:
 @scenario("F9a-flush-is-a-barrier",
           "F9a. The post-turn flush is a barrier: while it is pending the agent stays running "
           "and the queued second prompt waits; after the flush, settled, then the next claim",
-          ["R12.4", "R12.5", "R12.8", "D1", "R4.2"],
-          ["scenario", "scenario:F9", "differs-from-original", "D1"])
+          ["R12.4", "R12.5", "R12.8", "R4.2"],
+          ["scenario", "scenario:F9"])
 def f9a() -> Session:
     s = Session("one", "two")
     s.hold("flush")
@@ -644,7 +648,7 @@ def f10() -> Session:
 def f12a() -> Session:
     usage = {"outputTokens": 4096}
     s = Session([{"type": "tool-call", "id": "c1", "name": "t", "arguments": "{}"},
-                 {"type": "finish", "kind": "max-tokens", "usage": usage}], "next")
+                 {"type": "usage", "usage": usage}, {"type": "finish", "kind": "max-tokens"}], "next")
     s.followup("go")
     s.run()
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;[]) SE(1.1) "
