@@ -57,7 +57,7 @@ __all__ = [
     "PostgresStore", "SessionExistsError", "SessionInfo", "SessionLockedError",
     "SessionLostError", "SessionNotFoundError", "SessionNotOpenError", "SessionStore",
     "SqliteStore", "StoreClosedError", "StoreConnectionError", "StoreError", "StoreFullError",
-    "StoreReadOnlyError", "StoreSink", "StoreTimeoutError", "StoreWriteError", "SurfaceNode", "UnsupportedFormatError", "checkpoint_message",
-    "choose_compaction_range", "closers", "compact", "compaction_problem", "resume_core",
-    "resume_from", "scan", "surface_nodes",
+    "StoreReadOnlyError", "StoreSink", "StoreTimeoutError", "StoreWriteError", "SurfaceNode",
+    "UnsupportedFormatError", "checkpoint_message", "choose_compaction_range", "closers",
+    "compact", "compaction_problem", "resume_core", "resume_from", "scan", "surface_nodes",
 ]

@@ -403,7 +403,7 @@ class PostgresStore(BaseStore[_Handle]):
                 conn.execute("SELECT set_config(%s, %s, false)", (name, value))
         except psycopg.Error as error:
             conn.close()
-            raise self._typed(error, f"set up the connection to {self.where}", False) from error
+            raise self._typed(error, "set up the connection", False) from error
         return conn
 
     def _bootstrap(self, conn: _Conn, create: bool) -> None:
@@ -419,7 +419,7 @@ class PostgresStore(BaseStore[_Handle]):
                         self._migrate(conn, 0)
                         version = SCHEMA_VERSION
         except psycopg.Error as error:
-            raise self._typed(error, f"set up the session schema in {self.where}",
+            raise self._typed(error, "set up the session schema",
                               conn.closed or conn.broken) from error
         if version is None:
             raise StoreError(f"{self.where}: no session schema (create it with create=True)")
@@ -429,9 +429,11 @@ class PostgresStore(BaseStore[_Handle]):
                 f"{SCHEMA_VERSION} and migrates none other")
 
     def _schema_version(self, conn: _Conn) -> int | None:
+        # a catalog query (a fresh snapshot), not to_regclass: its cache may predate the
+        # commit of a store that created the schema while this one waited for the lock
         present = conn.execute(
-            "SELECT t FROM unnest(%s::text[]) AS t WHERE to_regclass(quote_ident(%s) || '.' || t) "
-            "IS NOT NULL", (list(_TABLES), self.schema)).fetchall()
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = ANY(%s)", (self.schema, list(_TABLES))).fetchall()
         names = {str(row[0]) for row in present}
         if not names:
             return None
@@ -483,7 +485,7 @@ class PostgresStore(BaseStore[_Handle]):
                     self._verify(conn, handle)
         except psycopg.Error as error:
             conn.close()
-            raise self._typed(error, f"reconnect to {self.where}", True) from error
+            raise self._typed(error, "reconnect", True) from error
         self._conn = conn
         return conn
 
@@ -536,10 +538,11 @@ class PostgresStore(BaseStore[_Handle]):
                     self._conn = None
                     try:
                         self._reconnect()
-                    except StoreConnectionError:
-                        pass
-                    else:
-                        continue
+                    except StoreConnectionError as again:
+                        raise StoreConnectionError(
+                            f"cannot {action} in {self.where}: the connection to the server was "
+                            f"lost ({_message(error)}), and reconnecting failed: {again}") from error
+                    continue
                 if error.sqlstate == "23505" and handle is not None:  # unique violation
                     self._lose(handle, "another writer stored rows of it")
                     raise SessionLostError(f"session {handle.session_id!r}: {handle.lost}; "
