@@ -1,4 +1,4 @@
-"""Shared fixtures: one throwaway PostgreSQL server for the whole test session (S30).
+"""Shared fixtures: one throwaway PostgreSQL server for the whole test session (S29).
 
 The server is started from the installed PostgreSQL programs (``initdb``,
 ``postgres``; `machine.store.postgres_server`) the first time a test needs it,

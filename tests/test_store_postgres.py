@@ -1,4 +1,4 @@
-"""The PostgreSQL backend's own rules (specs/persistence.md S23–S30), against a real server.
+"""The PostgreSQL backend's own rules (specs/persistence.md S23–S29), against a real server.
 
 The contract, damage, fork, resume, repair and crash suites run against
 `PostgresStore` too (their ``postgres`` parameter); this module covers what
@@ -12,6 +12,7 @@ typed errors. Every server here is the session's throwaway one
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -162,6 +163,27 @@ def test_S23_schemas_are_separate_stores_on_one_database(
         store_events(second, "s1", BALANCED[:3])  # the same id, another session
         assert len(second.inspect("s1").events) == 3
     assert len(first.inspect("s1").events) == len(BALANCED)
+
+
+def test_S23_the_readme_example_points_an_agent_at_a_database_url(
+        postgres: TemporaryPostgres, admin: psycopg.Connection[Any]) -> None:
+    """The README's example, run twice as written: the second run resumes the session."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    example = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+                   if "PostgresStore(" in block)
+    admin.execute("DROP SCHEMA IF EXISTS turnstile CASCADE")  # the example's default schema
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TURNSTILE_DATABASE_URL": postgres.url}
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", example], env=env, capture_output=True,
+                              text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr
+    with PostgresStore(postgres.url) as store:
+        events = store.inspect("support-42").events
+    assert validate_events(events) is None and scan(events).open_turn is None
+    assert [e.data["turn"] for e in events if e.type == "turn/start"] == [1, 2]
+    assert [e.data["reason"] for e in events if e.type == "request/header"] == ["initial",
+                                                                                 "resume"]
+    admin.execute("DROP SCHEMA turnstile CASCADE")
 
 
 # --------------------------------------------------------------------------
@@ -807,11 +829,11 @@ def test_S28_a_schema_dropped_under_a_live_store_is_typed(
 
 
 # --------------------------------------------------------------------------
-# S30: the throwaway server of the tests
+# S29: the throwaway server of the tests
 # --------------------------------------------------------------------------
 
 
-def test_S30_the_server_runs_unprivileged_on_a_socket_in_its_directory(
+def test_S29_the_server_runs_unprivileged_on_a_socket_in_its_directory(
         postgres: TemporaryPostgres, admin: psycopg.Connection[Any]) -> None:
     assert postgres.pid is not None
     status = Path(f"/proc/{postgres.pid}/status").read_text()
@@ -824,7 +846,7 @@ def test_S30_the_server_runs_unprivileged_on_a_socket_in_its_directory(
     assert admin.execute("SHOW listen_addresses").fetchone() == ("",)  # no TCP at all
 
 
-def test_S30_missing_server_programs_say_what_to_install(
+def test_S29_missing_server_programs_say_what_to_install(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(PostgresNotFoundError, match="apt-get install postgresql") as raised:
         find_server_binaries(tmp_path)

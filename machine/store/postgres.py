@@ -1,4 +1,4 @@
-"""The PostgreSQL session store: sessions on a database server that many hosts share (S23–S29).
+"""The PostgreSQL session store: sessions on a database server that many hosts share (S23–S28).
 
 Tables, in one schema (``turnstile`` by default) that the store creates and
 versions (S24)::
@@ -139,7 +139,7 @@ class _Handle:
 
 
 class PostgresStore(BaseStore[_Handle]):
-    """Sessions in a PostgreSQL database (S23–S29), shared by every host that connects to it.
+    """Sessions in a PostgreSQL database (S23–S28), shared by every host that connects to it.
 
     *conninfo* is a libpq connection string or URL (``postgresql://user@host/db``; empty:
     libpq's environment variables). *schema* names the PostgreSQL schema holding the tables;
@@ -512,7 +512,7 @@ class PostgresStore(BaseStore[_Handle]):
             del handle.pending[:len(rows)]
 
     def _lose(self, handle: _Handle, reason: str, conn: _Conn | None = None) -> None:
-        """S26: the session is no longer this store's to write: forget its unflushed events
+        """S27: the session is no longer this store's to write: forget its unflushed events
         and give up its lock."""
         unflushed = len(handle.pending)
         handle.pending.clear()

@@ -1,4 +1,4 @@
-"""A throwaway PostgreSQL server for tests and benchmarks (specs/persistence.md, S30).
+"""A throwaway PostgreSQL server for tests and benchmarks (specs/persistence.md, S29).
 
 `TemporaryPostgres` runs the server programs of an installed PostgreSQL
 (``initdb`` and ``postgres``) in a new temporary directory: the data
@@ -131,7 +131,7 @@ def _base_directory(account: tuple[int, int] | None) -> str:
 
 
 class TemporaryPostgres:
-    """A PostgreSQL server of its own in a temporary directory (S30).
+    """A PostgreSQL server of its own in a temporary directory (S29).
 
     *settings* are added to (and override) `DEFAULT_SETTINGS` as ``-c`` options; *fsync*
     false turns the server's fsync off (for tests: a crash of the server process keeps
