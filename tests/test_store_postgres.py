@@ -138,6 +138,7 @@ def test_S23_a_url_and_a_connection_string_reach_the_same_sessions(
     ("statement_timeout", -1), ("statement_timeout", 0), ("statement_timeout", float("nan")),
     ("statement_timeout", True), ("lock_wait", -0.5), ("lock_wait", float("inf")),
     ("connect_timeout", 0), ("keepalive", "30"), ("conninfo", "host=a port"),
+    ("conninfo", None), ("application_name", 7),
 ])
 def test_S23_bad_arguments_are_refused_before_connecting(argument: str, value: Any) -> None:
     options: dict[str, Any] = {argument: value}

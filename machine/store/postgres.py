@@ -173,6 +173,10 @@ class PostgresStore(BaseStore[_Handle]):
                     or not math.isfinite(value) or value < 0 or (positive and value == 0):
                 raise ValidationError(name, f"must be a {'positive' if positive else 'non-negative'}"
                                       f" finite number of seconds, not {value!r}")
+        if application_name is not None and not isinstance(application_name, str):
+            raise ValidationError("application_name", "must be a string or None")
+        if not isinstance(conninfo, str):
+            raise ValidationError("conninfo", "must be a libpq connection string or URL")
         self.schema = schema
         self._conninfo = conninfo
         self._fsync = fsync
