@@ -27,16 +27,20 @@ _SCHEMAS = itertools.count(1)
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[TemporaryPostgres]:
     """The session's PostgreSQL server (fsync off: a throwaway server)."""
+    problem: str | None = None
     try:
         import psycopg  # noqa: F401
     except ImportError as error:
-        pytest.fail(f"the PostgreSQL store tests need psycopg 3 and libpq ({error}): "
-                    "pip install -e '.[dev]' (or 'psycopg[binary]'), and the Debian package "
-                    "libpq5", pytrace=False)
-    try:
-        server = TemporaryPostgres(fsync=False).start()
-    except StoreError as error:
-        pytest.fail(f"the PostgreSQL store tests need a PostgreSQL server: {error}", pytrace=False)
+        problem = (f"the PostgreSQL store tests need psycopg 3 and libpq ({error}): "
+                   "pip install -e '.[dev]' (or 'psycopg[binary]'), and the Debian package libpq5")
+    server: TemporaryPostgres | None = None
+    if problem is None:
+        try:
+            server = TemporaryPostgres(fsync=False).start()
+        except StoreError as error:
+            problem = f"the PostgreSQL store tests need a PostgreSQL server: {error}"
+    if server is None:
+        pytest.fail(problem or "no PostgreSQL server", pytrace=False)  # never a silent skip
     try:
         yield server
     finally:

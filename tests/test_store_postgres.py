@@ -855,3 +855,18 @@ def test_S29_missing_server_programs_say_what_to_install(
     monkeypatch.setenv("TURNSTILE_PG_BIN", str(tmp_path))
     with pytest.raises(PostgresNotFoundError, match="TURNSTILE_PG_BIN"):
         TemporaryPostgres()
+
+
+def test_S29_without_server_programs_the_postgres_tests_fail_and_say_why(tmp_path: Path) -> None:
+    """Never a silent skip: a test session that cannot start its server fails each
+    PostgreSQL test with what to install (here the programs are looked for in an empty
+    directory)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TURNSTILE_PG_BIN": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--no-header", "-rE",
+         f"{Path(__file__).name}::test_S26_readers_see_only_flushed_events"],
+        cwd=Path(__file__).parent, env=env, capture_output=True, text=True, timeout=300,
+        check=False)
+    assert done.returncode == 1, done.stdout
+    assert "1 error" in done.stdout and "skipped" not in done.stdout
+    assert "need a PostgreSQL server" in done.stdout and "apt-get install postgresql" in done.stdout
