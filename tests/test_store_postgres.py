@@ -135,6 +135,7 @@ def test_S23_a_url_and_a_connection_string_reach_the_same_sessions(
 
 @pytest.mark.parametrize(("argument", "value"), [
     ("schema", "Bad-Name"), ("schema", ""), ("schema", "9lives"), ("schema", "x" * 64),
+    ("schema", "pg_catalog"), ("schema", None),
     ("statement_timeout", -1), ("statement_timeout", 0), ("statement_timeout", float("nan")),
     ("statement_timeout", True), ("lock_wait", -0.5), ("lock_wait", float("inf")),
     ("connect_timeout", 0), ("keepalive", "30"), ("conninfo", "host=a port"),
@@ -870,3 +871,15 @@ def test_S29_without_server_programs_the_postgres_tests_fail_and_say_why(tmp_pat
     assert done.returncode == 1, done.stdout
     assert "1 error" in done.stdout and "skipped" not in done.stdout
     assert "need a PostgreSQL server" in done.stdout and "apt-get install postgresql" in done.stdout
+
+
+def test_S24_a_reconnecting_store_checks_the_version_again(
+        postgres_store: Make, pg_schema: str, admin: psycopg.Connection[Any]) -> None:
+    store = postgres_store()
+    store_events(store, "s1", BALANCED[:9])
+    admin.execute(f"UPDATE {pg_schema}.meta SET value = '2'")  # upgraded by newer code
+    admin.execute("SELECT pg_terminate_backend(%s)", (store.backend_pid,))
+    store.append("s1", BALANCED[9])
+    with pytest.raises(UnsupportedFormatError, match="version 2"):
+        store.flush("s1")
+    assert [r[0] for r in rows(admin, pg_schema, "s1")] == list(range(9))

@@ -160,9 +160,10 @@ class PostgresStore(BaseStore[_Handle]):
                  keepalive: float = 30.0, application_name: str | None = None) -> None:
         super().__init__()
         _import_psycopg()
-        if not isinstance(schema, str) or _SCHEMA_NAME.fullmatch(schema) is None:
+        if not isinstance(schema, str) or _SCHEMA_NAME.fullmatch(schema) is None \
+                or schema.startswith("pg_"):
             raise ValidationError("schema", f"{schema!r} is not a schema name (1-63 characters "
-                                  "of a-z 0-9 _, not starting with a digit)")
+                                  "of a-z 0-9 _, not starting with a digit or pg_)")
         for name, value, positive in (("statement_timeout", statement_timeout, True),
                                       ("lock_wait", lock_wait, False),
                                       ("connect_timeout", connect_timeout, True),
@@ -476,6 +477,11 @@ class PostgresStore(BaseStore[_Handle]):
             old.close()
         conn = self._connect()
         self._epoch += 1
+        try:
+            self._bootstrap(conn, create=False)  # S24: the schema may have changed meanwhile
+        except BaseException:
+            conn.close()
+            raise
         try:
             for session_id, key in list(self._locks.items()):
                 row = conn.execute(self._sql["try_lock"], (self._namespace, key)).fetchone()
