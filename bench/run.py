@@ -137,8 +137,13 @@ def summary(sections: dict[str, Section]) -> list[str]:
             f"{figures['append/JSONL/fsync']:,.0f} / {figures['append/JSONL/no fsync']:,.0f}")
         add("SQLite appends/s (fsync at each turn / no fsync)",
             f"{figures['append/SQLite/fsync']:,.0f} / {figures['append/SQLite/no fsync']:,.0f}")
-        add("load + repair of the crashed ~1M-event session (JSONL / SQLite)",
-            f"{figures['load/JSONL']:.1f} s / {figures['load/SQLite']:.1f} s")
+        if "append/PostgreSQL/fsync" in figures:
+            add("PostgreSQL appends/s (WAL-flushed commit at each turn / no WAL wait)",
+                f"{figures['append/PostgreSQL/fsync']:,.0f} / "
+                f"{figures['append/PostgreSQL/no fsync']:,.0f}")
+        loads = [name for name in ("JSONL", "SQLite", "PostgreSQL") if f"load/{name}" in figures]
+        add(f"load + repair of the crashed ~1M-event session ({' / '.join(loads)})",
+            " / ".join(f"{figures[f'load/{name}']:.1f} s" for name in loads))
     if "memory" in sections:
         figures = sections["memory"].figures
         events = [v for key, values in figures.items() if key.startswith("event/")

@@ -13,6 +13,13 @@ then a turn left open (turn/start, the prompt, step/start, one chunk) and, for
 JSONL, a torn half record at the end. ``store.load`` reads it, checks every
 event (L14), cuts the torn bytes and appends the closers. The stored log is
 written in bulk through the backends' own creation path, which is not timed.
+
+**PostgreSQL.** The item starts a server of its own (`TemporaryPostgres`: the
+installed PostgreSQL, a temporary data directory, a Unix socket, the server's
+fsync on) and runs the same two measurements through `PostgresStore`: with
+``fsync=True`` each flush is a commit that waits for the server's WAL flush
+(``synchronous_commit=on``), with ``fsync=False`` it does not wait. Without a
+PostgreSQL installation the rows say so and the other backends still run.
 """
 
 from __future__ import annotations
@@ -29,9 +36,10 @@ from bench.workloads import LeanDriver, user
 from machine.events import TURN_END, Event
 from machine.io import MODEL, Effect
 from machine.jsonvalue import FrozenDict
-from machine.store import JsonlStore, SqliteStore
+from machine.store import JsonlStore, PostgresStore, SqliteStore, StoreError
 from machine.store.base import BaseStore
 from machine.store.jsonl import encode_header, encode_record
+from machine.store.postgres_server import TemporaryPostgres
 from machine.store.types import SessionInfo
 
 FULL_APPENDS = 30_000
@@ -106,6 +114,26 @@ def _bulk_sqlite(path: str, session: str, events: Sequence[Event]) -> None:
         store.close()
 
 
+def _bulk_postgres(conninfo: str, session: str, events: Sequence[Event]) -> None:
+    store = PostgresStore(conninfo, schema="bench_load", fsync=False)
+    try:
+        store._create(SessionInfo(session), events)   # the primitive create() and fork() use
+    finally:
+        store.close()
+
+
+def _start_postgres() -> tuple[TemporaryPostgres | None, str]:
+    """The item's own server and its version, or None and why it could not be had."""
+    try:
+        import psycopg
+        server = TemporaryPostgres(fsync=True, settings={"shared_buffers": "128MB"}).start()
+    except (ImportError, StoreError) as error:
+        return None, str(error)
+    with psycopg.connect(server.conninfo) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+    return server, str(row[0]) if row else "?"
+
+
 def _load(store: BaseStore[Any], session: str) -> tuple[float, int, int, int]:
     start = time.perf_counter()
     result = store.load(session)
@@ -125,20 +153,31 @@ def run(quick: bool = False) -> Section:
     root = tempfile.mkdtemp(prefix="turnstile-bench-stores-")
     rows: list[list[str]] = []
     figures: dict[str, Any] = {}
+    server, version = _start_postgres()
+    backends = ("JSONL", "SQLite", "PostgreSQL") if server is not None else ("JSONL", "SQLite")
     try:
         events = session_events("W2", QUICK_APPENDS if quick else FULL_APPENDS)
         flushes = sum(1 for e in events if e.type == TURN_END)
-        for backend in ("JSONL", "SQLite"):
+        for backend in backends:
             for fsync in (True, False):
                 where = os.path.join(root, f"append-{backend}-{fsync}")
-                store: BaseStore[Any] = (JsonlStore(where, fsync=fsync) if backend == "JSONL"
-                                         else SqliteStore(where + ".db", fsync=fsync))
+                store: BaseStore[Any]
+                if backend == "JSONL":
+                    store = JsonlStore(where, fsync=fsync)
+                elif backend == "SQLite":
+                    store = SqliteStore(where + ".db", fsync=fsync)
+                else:
+                    assert server is not None
+                    store = PostgresStore(server.conninfo, schema=f"bench_append_{fsync}".lower(),
+                                          fsync=fsync)
                 seconds = _appends(store, events)
-                barrier = "fsync" if fsync else "no fsync"
+                barrier = key = "fsync" if fsync else "no fsync"
+                if backend == "PostgreSQL":
+                    barrier = "commit, WAL flushed" if fsync else "commit, no WAL wait"
                 rows.append([backend, barrier, f"{len(events):,}", f"{seconds:.2f}",
                              f"{rate(len(events), seconds):,.0f}",
                              f"{1e6 * seconds / len(events):.1f}", f"{flushes:,}"])
-                figures[f"append/{backend}/{barrier}"] = rate(len(events), seconds)
+                figures[f"append/{backend}/{key}"] = rate(len(events), seconds)
         # Load + repair of a crashed session of about FULL_LOAD events.
         target = QUICK_LOAD if quick else FULL_LOAD
         crashed, history = crashed_session(target)
@@ -151,9 +190,16 @@ def run(quick: bool = False) -> Section:
         size = os.path.getsize(os.path.join(jsonl_root, "big.jsonl"))
         sqlite_path = os.path.join(root, "load.db")
         _bulk_sqlite(sqlite_path, "big", crashed)
-        for backend in ("JSONL", "SQLite"):
-            store = (JsonlStore(jsonl_root, fsync=True) if backend == "JSONL"
-                     else SqliteStore(sqlite_path, fsync=True))
+        if server is not None:
+            _bulk_postgres(server.conninfo, "big", crashed)
+        for backend in backends:
+            if backend == "JSONL":
+                store = JsonlStore(jsonl_root, fsync=True)
+            elif backend == "SQLite":
+                store = SqliteStore(sqlite_path, fsync=True)
+            else:
+                assert server is not None
+                store = PostgresStore(server.conninfo, schema="bench_load", fsync=True)
             seconds, count, closers, cut = _load(store, "big")
             load_rows.append([backend, f"{len(crashed):,}", f"{seconds:.1f}",
                               f"{rate(len(crashed), seconds):,.0f}", str(closers),
@@ -161,6 +207,8 @@ def run(quick: bool = False) -> Section:
             figures[f"load/{backend}"] = seconds
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        if server is not None:
+            server.close()
     section = Section("6. Session stores", HEADERS, rows)
     section.tables.append((
         "Load + repair of a crashed session (strict load: read, check every event, cut the torn "
@@ -176,7 +224,18 @@ def run(quick: bool = False) -> Section:
     section.notes.append(
         f"The crashed session: {history:,} events of complete W1 turns, then an open turn of "
         f"{len(crashed) - history} events and (JSONL) a torn 25-byte record; the file is "
-        f"{size / 1e6:.0f} MB. Both stores are on the same file "
+        f"{size / 1e6:.0f} MB. The stores are on the same file "
         f"system ({tempfile.gettempdir()}).")
+    if server is not None:
+        section.notes.append(
+            f"PostgreSQL {version}: a server started for this item from the installed "
+            "programs (a temporary data directory, a Unix socket, the server's fsync on, "
+            "shared_buffers 128MB); `PostgresStore` holds a turn's events in memory and "
+            "writes them at the flush in one transaction (one COPY). With `fsync=True` the "
+            "commit waits for the server's WAL flush, with `fsync=False` "
+            "(`synchronous_commit=off`) it does not. The load reads the rows in one "
+            "REPEATABLE READ transaction (binary protocol) under the session's advisory lock.")
+    else:
+        section.notes.append(f"No PostgreSQL rows: {version}")
     section.seconds = time.perf_counter() - started
     return section

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -174,3 +175,37 @@ def test_log_help_lists_the_store_subcommands(capsys: pytest.CaptureFixture[str]
     assert status == 0
     for name in ("validate", "show", "repair", "fork"):
         assert name in out
+
+
+def test_S22_a_postgresql_url_is_a_target(postgres_store: Any, postgres: Any, pg_schema: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    with postgres_store() as store:
+        store_events(store, "s", EVENTS)
+    url = postgres.url
+    name = f"{postgres_store(create=False).where}#s"
+    status, out = run(capsys, "log", "show", url, "--session", "s", "--schema", pg_schema)
+    assert status == 0 and out[0] == f"{name}: session s"
+    assert out[-1].startswith("a load would append 4 closers")
+    status, out = run(capsys, "log", "repair", url, "--session", "s", "--schema", pg_schema)
+    assert status == 0 and out[0].startswith(f"{name}: REPAIRED: appended 4 closers")
+    status, out = run(capsys, "log", "fork", url, "--session", "s", "--schema", pg_schema,
+                      "--at", "15", "--child", "kid")
+    assert status == 0 and out[-1] == f"{name}: forked 16 events into session kid (kid)"
+    with postgres_store() as store:
+        assert store.info("kid") == SessionInfo("kid", parent="s", seed_length=16)
+        store.load("s")  # held: a repair elsewhere is refused, with the holder named
+        status, out = run(capsys, "log", "repair", url, "--session", "s", "--schema", pg_schema)
+        assert status == 1 and out[-1].endswith("[SESSION_LOCKED]")
+
+
+@pytest.mark.parametrize("argv", [
+    ["postgresql://u:hunter2@/db?host=/nonexistent", "--session", "s"],
+    ["postgresql://u:hunter2@/db?host=/nonexistent"],
+    ["postgresql://u:hunter2@/db?host=/nonexistent", "--session", "s", "--schema", "Bad"],
+    ["{db}", "--session", "s", "--schema", "x"],
+], ids=["unreachable", "no-session", "bad-schema", "schema-for-sqlite"])
+def test_S22_postgresql_target_errors_exit_2_without_the_password(
+        sqlite: Path, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    status, out = run(capsys, "log", "show", *[a.format(db=sqlite) for a in argv])
+    assert status == 2 and len(out) == 1
+    assert "hunter2" not in out[0]

@@ -4,7 +4,8 @@ For the recorded multi-turn session with between-turn injections and an open
 tail (`machine.store.testing.sample_session`):
 
 * JSONL: truncate the file at every byte offset, and flip random bytes;
-* both backends: kill a writer process at random points.
+* every backend: kill a writer process at random points (for PostgreSQL, the dead
+  writer's session lock is released with its connection, S26).
 
 Each time, load never raises anything but the expected `DamageError`, never
 loses an event that was durable before the damage point, never alters one,
@@ -130,11 +131,14 @@ def test_random_byte_flips(flips: list[tuple[int, int]]) -> None:
 
 WRITER = """
 import sys
-from machine.store import JsonlStore, SqliteStore
+from machine.store import JsonlStore, PostgresStore, SqliteStore
 from machine.store.testing import sample_session
 
 kind, where = sys.argv[1], sys.argv[2]
-store = JsonlStore(where) if kind == "jsonl" else SqliteStore(where)
+if kind == "postgres":
+    store = PostgresStore(where, schema=sys.argv[3])
+else:
+    store = JsonlStore(where) if kind == "jsonl" else SqliteStore(where)
 events = sample_session()
 for number in range(40):
     session = f"s{number}"
@@ -151,12 +155,18 @@ for number in range(40):
 
 
 @pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("backend", ["jsonl", "sqlite"])
-def test_killing_a_writer_at_random_points(tmp_path: Path, backend: str, seed: int) -> None:
+@pytest.mark.parametrize("backend", ["jsonl", "sqlite", "postgres"])
+def test_killing_a_writer_at_random_points(tmp_path: Path, backend: str, seed: int,
+                                           request: pytest.FixtureRequest) -> None:
     rng = random.Random(f"{backend}-{seed}")
     where = str(tmp_path / ("sessions" if backend == "jsonl" else "sessions.db"))
+    extra: list[str] = []
+    if backend == "postgres":
+        where = request.getfixturevalue("postgres").conninfo
+        extra = [request.getfixturevalue("pg_schema")]
+        make_postgres = request.getfixturevalue("postgres_store")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, backend, where], env=env,
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, backend, where, *extra], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert writer.stdout is not None
     reported: list[str] = []
@@ -177,7 +187,10 @@ def test_killing_a_writer_at_random_points(tmp_path: Path, backend: str, seed: i
         session, count = line.split()
         durable[session] = max(durable.get(session, 0), int(count))
     assert durable, "the writer reported nothing"
-    store = JsonlStore(where) if backend == "jsonl" else SqliteStore(where)
+    if backend == "postgres":  # the killed writer's locks went with its connection (S26)
+        store = make_postgres(lock_wait=30)
+    else:
+        store = JsonlStore(where) if backend == "jsonl" else SqliteStore(where)
     with store:
         sessions = store.list_sessions()
         assert set(durable) <= set(sessions)

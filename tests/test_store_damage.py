@@ -26,6 +26,7 @@ from machine.store import jsonl as jsonl_module
 from machine.store.base import BaseStore
 from machine.store.codec import canonical, event_bytes
 from machine.store.jsonl import encode_record, parse_jsonl
+from machine.store.postgres import row_crc
 from machine.store.repair import closers, scan
 from machine.store.testing import sample_session, store_events
 
@@ -156,12 +157,75 @@ class Sqlite:
         self._sql("UPDATE sessions SET header=replace(header, '/cwd', '/cwX')")
 
 
-Backend = Jsonl | Sqlite
+class Postgres:
+    """Damages the rows of a PostgreSQL session (a row's crc covers its session key, S25)."""
+
+    name = "postgres"
+
+    def __init__(self, make: Callable[..., BaseStore[Any]], conninfo: str, schema: str) -> None:
+        self.make, self.conninfo, self.schema = make, conninfo, schema
+
+    def store(self) -> BaseStore[Any]:
+        return self.make()
+
+    def offset(self, index: int) -> int | None:
+        return None
+
+    def _sql(self, statement: str, *args: object) -> list[tuple[Any, ...]]:
+        import psycopg
+        with psycopg.connect(self.conninfo, autocommit=True) as db:
+            db.execute(f"SET search_path = {self.schema}")
+            cursor = db.execute(statement.replace("?", "%s"), args)  # type: ignore[arg-type]
+            return cursor.fetchall() if cursor.description else []
+
+    def _set(self, index: int, raw: bytes) -> None:
+        self._sql("UPDATE events SET record=?, crc=? WHERE session=? AND idx=?", raw,
+                  row_crc(SESSION, raw), SESSION, index)
+
+    def snapshot(self) -> object:
+        return (self._sql("SELECT * FROM events ORDER BY session, idx"),
+                self._sql("SELECT id, header FROM sessions ORDER BY id"),
+                self._sql("SELECT count(*) FROM quarantine"))
+
+    def checksum(self, index: int) -> None:
+        self._sql("UPDATE events SET crc = mod(crc + 1, 4294967296) WHERE idx=?", index)
+
+    def garbage(self, index: int) -> None:
+        self._set(index, b"this is not a record")
+
+    def not_an_event(self, index: int) -> None:
+        self._set(index, canonical({"x": 1}))
+
+    def drop(self, index: int) -> None:
+        self._sql("DELETE FROM events WHERE idx=?", index)
+
+    def duplicate(self, index: int) -> None:
+        self._set(index + 1, event_bytes(EVENTS[index]))
+
+    def replace(self, event: Event) -> None:
+        self._set(event.seq, event_bytes(event))
+
+    def header(self) -> None:
+        self._sql("UPDATE sessions SET header=convert_to(replace(convert_from(header, 'UTF8'), "
+                  "'/cwd', '/cwX'), 'UTF8')")
 
 
-@pytest.fixture(params=["jsonl", "sqlite"])
+Backend = Jsonl | Sqlite | Postgres
+
+
+def make_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    if request.param == "jsonl":
+        return Jsonl(tmp_path)
+    if request.param == "sqlite":
+        return Sqlite(tmp_path)
+    return Postgres(request.getfixturevalue("postgres_store"),
+                    request.getfixturevalue("postgres").conninfo,
+                    request.getfixturevalue("pg_schema"))
+
+
+@pytest.fixture(params=["jsonl", "sqlite", "postgres"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    chosen: Backend = Jsonl(tmp_path) if request.param == "jsonl" else Sqlite(tmp_path)
+    chosen = make_backend(request, tmp_path)
     with chosen.store() as store:
         store.create(SESSION, cwd="/cwd")
         store_events(store, SESSION, EVENTS, create=False)

@@ -1,4 +1,4 @@
-"""Fork (§24, scenario G4; specs/persistence.md S17), on both backends."""
+"""Fork (§24, scenario G4; specs/persistence.md S17), on every backend."""
 
 from __future__ import annotations
 
@@ -25,18 +25,24 @@ BALANCED = sample_session(open_tail=False)  # seq 8 = TE(1), 9 = UM between, 15 
 OPEN = sample_session()  # ... 18 TS(3), 19 SS(3.1), 20 AM with calls, 21 TC(c2)
 
 
-@pytest.fixture(params=["jsonl", "sqlite"])
+@pytest.fixture(params=["jsonl", "sqlite", "postgres"])
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
 @pytest.fixture
-def make(kind: str, tmp_path: Path) -> Iterator[Any]:
+def make(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
     opened: list[BaseStore[Any]] = []
+    postgres = request.getfixturevalue("postgres_store") if kind == "postgres" else None
 
     def factory() -> BaseStore[Any]:
-        store: BaseStore[Any] = (JsonlStore(tmp_path / "s", fsync=False) if kind == "jsonl"
-                                 else SqliteStore(tmp_path / "s.db", fsync=False))
+        store: BaseStore[Any]
+        if kind == "jsonl":
+            store = JsonlStore(tmp_path / "s", fsync=False)
+        elif kind == "sqlite":
+            store = SqliteStore(tmp_path / "s.db", fsync=False)
+        else:
+            store = postgres()
         opened.append(store)
         return store
 

@@ -176,9 +176,14 @@ def test_the_sample_tail_gets_the_documented_closers() -> None:
     SessionLog(events + list(added))  # a valid seed
 
 
-@pytest.mark.parametrize("backend", ["jsonl", "sqlite"])
-def test_load_appends_the_same_closers_durably(tmp_path: Path, backend: str) -> None:
+@pytest.mark.parametrize("backend", ["jsonl", "sqlite", "postgres"])
+def test_load_appends_the_same_closers_durably(tmp_path: Path, backend: str,
+                                               request: pytest.FixtureRequest) -> None:
+    postgres = request.getfixturevalue("postgres_store") if backend == "postgres" else None
+
     def make() -> BaseStore[object]:
+        if backend == "postgres":
+            return postgres()  # type: ignore[misc,no-any-return]
         return (JsonlStore(tmp_path) if backend == "jsonl"  # type: ignore[return-value]
                 else SqliteStore(tmp_path / "s.db"))
 

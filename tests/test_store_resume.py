@@ -29,13 +29,20 @@ from machine.vocabulary import user_message
 CONFIG = CoreConfig(request_options={"provider": "test", "model": "m1"})
 
 
-@pytest.fixture(params=["jsonl", "sqlite"])
+@pytest.fixture(params=["jsonl", "sqlite", "postgres"])
 def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     opened: list[BaseStore[Any]] = []
+    postgres = (request.getfixturevalue("postgres_store") if request.param == "postgres"
+                else None)
 
     def factory() -> BaseStore[Any]:
-        store: BaseStore[Any] = (JsonlStore(tmp_path / "s") if request.param == "jsonl"
-                                 else SqliteStore(tmp_path / "s.db"))
+        store: BaseStore[Any]
+        if request.param == "jsonl":
+            store = JsonlStore(tmp_path / "s")
+        elif request.param == "sqlite":
+            store = SqliteStore(tmp_path / "s.db")
+        else:
+            store = postgres(fsync=True)
         opened.append(store)
         return store
 
@@ -164,7 +171,7 @@ def test_G7_a_live_open_turn_cannot_be_loaded(make: Any) -> None:
     assert result.events[-1].type == ev.TURN_END
     assert result.events[-1].data["reason"] == {"kind": "completed"}
     assert list(result.events) == list(driver.core.log.events)
-    assert list(make().load("s").events) == list(result.events)  # and it is durable
+    assert list(make().inspect("s").events) == list(result.events)  # and it is durable
 
 
 def test_between_turn_events_survive_persist_and_resume(make: Any) -> None:

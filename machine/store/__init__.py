@@ -1,8 +1,10 @@
-"""Durable sessions (specs/persistence.md, S1–S22): stores, crash repair, resume, fork, compaction.
+"""Durable sessions (specs/persistence.md, S1–S29): stores, crash repair, resume, fork, compaction.
 
-Two backends implement the `SessionStore` protocol and pass the same
+Three backends implement the `SessionStore` protocol and pass the same
 contract: `JsonlStore` (one checksummed JSON record per line, the embedded
-default) and `SqliteStore` (standard-library ``sqlite3``, WAL).
+default), `SqliteStore` (standard-library ``sqlite3``, WAL) and
+`PostgresStore` (a PostgreSQL server shared by many hosts; needs the
+``postgres`` extra, psycopg 3).
 """
 
 from machine.store.base import BaseStore
@@ -21,14 +23,21 @@ from machine.store.errors import (
     LiveTurnOpenError,
     OpenTurnError,
     SessionExistsError,
+    SessionLockedError,
+    SessionLostError,
     SessionNotFoundError,
     SessionNotOpenError,
     StoreClosedError,
+    StoreConnectionError,
     StoreError,
+    StoreFullError,
+    StoreReadOnlyError,
+    StoreTimeoutError,
     StoreWriteError,
     UnsupportedFormatError,
 )
 from machine.store.jsonl import JsonlStore
+from machine.store.postgres import PostgresStore
 from machine.store.repair import closers, scan
 from machine.store.resume import StoreSink, resume_core, resume_from
 from machine.store.sqlite import SqliteStore
@@ -45,9 +54,10 @@ from machine.store.types import (
 __all__ = [
     "COMPACT_SOURCE", "BaseStore", "CompactionError", "Damage", "DamageError", "Inspection",
     "JsonlStore", "LiveTurnOpenError", "LoadMode", "LoadReport", "LoadResult", "OpenTurnError",
-    "SessionExistsError", "SessionInfo", "SessionNotFoundError", "SessionNotOpenError",
-    "SessionStore", "SqliteStore", "StoreClosedError", "StoreError", "StoreSink",
-    "StoreWriteError", "SurfaceNode", "UnsupportedFormatError", "checkpoint_message",
-    "choose_compaction_range", "closers", "compact", "compaction_problem", "resume_core",
-    "resume_from", "scan", "surface_nodes",
+    "PostgresStore", "SessionExistsError", "SessionInfo", "SessionLockedError",
+    "SessionLostError", "SessionNotFoundError", "SessionNotOpenError", "SessionStore",
+    "SqliteStore", "StoreClosedError", "StoreConnectionError", "StoreError", "StoreFullError",
+    "StoreReadOnlyError", "StoreSink", "StoreTimeoutError", "StoreWriteError", "SurfaceNode",
+    "UnsupportedFormatError", "checkpoint_message", "choose_compaction_range", "closers",
+    "compact", "compaction_problem", "resume_core", "resume_from", "scan", "surface_nodes",
 ]

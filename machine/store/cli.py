@@ -4,7 +4,9 @@ A TARGET names a stored session:
 
 * ``DIR/ID.jsonl``: the JSONL session ``ID`` of the store in ``DIR``;
 * ``DIR --session ID``: the same;
-* ``FILE.db --session ID`` (any SQLite file): session ``ID`` of a SQLite store.
+* ``FILE.db --session ID`` (any SQLite file): session ``ID`` of a SQLite store;
+* ``postgresql://… --session ID [--schema NAME]``: session ``ID`` of a PostgreSQL
+  store (S23); a URL's password is never printed.
 
 Exit status: 0 on success, 1 when the session is damaged or the operation is
 refused, 2 for usage errors and unreadable targets.
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
@@ -24,6 +28,7 @@ from machine.jsonvalue import FrozenDict, FrozenList
 from machine.store.base import BaseStore
 from machine.store.errors import DamageError, SessionNotFoundError, StoreError
 from machine.store.jsonl import SUFFIX, JsonlStore
+from machine.store.postgres import DEFAULT_SCHEMA, PostgresStore
 from machine.store.sqlite import SqliteStore
 from machine.store.types import Damage, Inspection, SessionInfo
 
@@ -33,6 +38,7 @@ EXIT_OK: Final = 0
 EXIT_INVALID: Final = 1
 EXIT_USAGE: Final = 2
 _SQLITE_MAGIC: Final = b"SQLite format 3\x00"
+_POSTGRES_URL: Final = re.compile(r"postgres(?:ql)?://", re.IGNORECASE)
 
 
 class _UsageError(Exception):
@@ -43,7 +49,8 @@ def configure(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     """Add ``show``, ``repair`` and ``fork`` to the ``log`` sub-parsers."""
     show = subcommands.add_parser(
         "show", help="print a stored session and what loading it would repair",
-        description="Print the header and events of a stored session (JSONL or SQLite store), "
+        description="Print the header and events of a stored session (JSONL, SQLite or "
+                    "PostgreSQL store), "
                     "any damage with its position, and the repair a load would make. "
                     "Read-only. Exit status 1 when the session is damaged.")
     _target(show)
@@ -70,14 +77,36 @@ def configure(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def _target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar="TARGET",
-                        help="DIR/ID.jsonl, or a store directory or SQLite file with --session")
+                        help="DIR/ID.jsonl, or a store directory, SQLite file or postgresql:// "
+                             "URL with --session")
     parser.add_argument("--session", metavar="ID", help="the session id inside TARGET")
+    parser.add_argument("--schema", metavar="NAME",
+                        help=f"the schema of a PostgreSQL store (default {DEFAULT_SCHEMA})")
+
+
+def _shown(target: str) -> str:
+    """TARGET as it may be printed: a URL without its password."""
+    if not _POSTGRES_URL.match(target):
+        return target
+    parts = urllib.parse.urlsplit(target)
+    if parts.password is None:
+        return target
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    user = parts.username or ""
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
 def _open(args: argparse.Namespace) -> tuple[BaseStore[Any], str, str]:
     """The store, session id and a display name for TARGET (read-only resolution)."""
-    path = Path(args.target)
     session: str | None = args.session
+    if _POSTGRES_URL.match(args.target):
+        if session is None:
+            raise _UsageError(f"{_shown(args.target)}: a PostgreSQL store needs --session ID")
+        store = PostgresStore(args.target, schema=args.schema or DEFAULT_SCHEMA, create=False)
+        return store, session, f"{store.where}#{session}"
+    if args.schema is not None:
+        raise _UsageError(f"{args.target}: --schema applies to postgresql:// targets only")
+    path = Path(args.target)
     if not path.exists():
         raise _UsageError(f"{path}: no such file or directory")
     if path.is_dir():
@@ -108,8 +137,8 @@ def _with_store(args: argparse.Namespace, out: TextIO, body: _Body) -> int:
     except _UsageError as error:
         print(error, file=out)
         return EXIT_USAGE
-    except (StoreError, OSError) as error:
-        print(f"{args.target}: {error}", file=out)
+    except (StoreError, OSError, ValueError) as error:  # ValueError: a bad --schema or URL
+        print(f"{_shown(args.target)}: {error}", file=out)
         return EXIT_USAGE
     try:
         status = body(args, store, session, name, out)

@@ -1,4 +1,4 @@
-"""Errors of the session stores (specs/persistence.md, rules S1–S22).
+"""Errors of the session stores (specs/persistence.md, rules S1–S29).
 
 Every store error is a coded `TurnstileError` (§0.9). `DamageError` is the
 strict-mode load failure of D8: it names the kind and position of the first
@@ -21,10 +21,16 @@ __all__ = [
     "LiveTurnOpenError",
     "OpenTurnError",
     "SessionExistsError",
+    "SessionLockedError",
+    "SessionLostError",
     "SessionNotFoundError",
     "SessionNotOpenError",
     "StoreClosedError",
+    "StoreConnectionError",
     "StoreError",
+    "StoreFullError",
+    "StoreReadOnlyError",
+    "StoreTimeoutError",
     "StoreWriteError",
     "UnsupportedFormatError",
 ]
@@ -72,6 +78,53 @@ class StoreWriteError(StoreError):
     def __init__(self, message: str, *, recovered: bool = True) -> None:
         super().__init__(message)
         self.recovered = recovered
+
+
+class StoreReadOnlyError(StoreWriteError):
+    """The storage refuses writes: a read-only database, file system or server (S5, S6, S28)."""
+
+    code = "STORE_READ_ONLY"
+
+
+class StoreFullError(StoreWriteError):
+    """The storage has no room left: a full disk or quota (S5, S6, S28)."""
+
+    code = "STORE_FULL"
+
+
+class StoreConnectionError(StoreError):
+    """The connection to a database server could not be made or was lost (S27, S28).
+
+    Nothing was half-written: a transaction the loss interrupted either
+    committed whole or not at all, and the store finds out which when it
+    reconnects (S27).
+    """
+
+    code = "STORE_CONNECTION_LOST"
+
+
+class StoreTimeoutError(StoreError):
+    """A database statement ran past its time limit and was cancelled (S28); nothing of it
+    was kept."""
+
+    code = "STORE_TIMEOUT"
+
+
+class SessionLockedError(StoreError):
+    """Another store instance holds the session for writing (S26): one writer per session."""
+
+    code = "SESSION_LOCKED"
+
+
+class SessionLostError(StoreWriteError):
+    """This store lost its hold on an open session (S27): its connection dropped and, before
+    it could take the session back, another writer took or changed it. The unflushed
+    events were not stored; the session refuses appends until it is loaded again."""
+
+    code = "SESSION_LOST"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, recovered=False)
 
 
 class UnsupportedFormatError(StoreError):
