@@ -29,6 +29,7 @@ JSON objects.
 
 from __future__ import annotations
 
+import importlib
 import re
 import sys
 import time
@@ -401,14 +402,25 @@ def state_key(core: AgentCore) -> str:
     return _ID.sub(rename, text)
 
 
+def reference_model(config: CoreConfig) -> Agentlike:
+    """A fresh reference model, ``ModelAgent`` of the repository's ``model/`` folder.
+
+    It is installed as the private package ``machine._model`` (setup.py maps it), so a
+    ``model`` module of the user's never shadows it. It is imported by name because the type
+    checker sees the folder as ``model`` (model/agent.py states that it is `Agentlike`).
+    """
+    agent: Agentlike = importlib.import_module("machine._model").ModelAgent(
+        config, clock=_counter())
+    return agent
+
+
 def main_explore(depth: int, *, commands: Sequence[str] = DEFAULT_COMMANDS, with_model: bool = False,
                  budget_seconds: float | None = None, quiet: bool = False) -> int:
     """``turnstile explore``: returns an exit code (0 ok, 1 violation)."""
     other: Callable[[], Agentlike] | None = None
     explorer_config = CoreConfig(request_options={"provider": "p", "model": "m"}, publish=False)
     if with_model:
-        from model import ModelAgent
-        other = lambda: ModelAgent(explorer_config, clock=_counter())  # noqa: E731
+        other = lambda: reference_model(explorer_config)  # noqa: E731
     explorer = Explorer(config=explorer_config, commands=commands, other=other)
 
     def progress(states: int, frontier: int, seconds: float) -> None:
