@@ -464,26 +464,53 @@ def configure_verify_trace(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--progress", dest="progress", action="store_true", default=None,
                       help="show progress on standard error (default: when it is a terminal)")
     mode.add_argument("--no-progress", dest="progress", action="store_false")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object per trace instead of the text report")
+    parser.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE")
 
 
 def verify(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     status = EXIT_OK
+    as_json = getattr(args, "json", False)
+    junit: str | None = getattr(args, "junit", None)
     progress = default_progress() if args.progress is None else (err if args.progress else None)
+    cases: list[JunitCase] = []
     for path in args.traces:
         if not Path(path).exists():
-            print(f"turnstile verify-trace: {path}: no such file", file=err)
+            message = f"{path}: no such file"
+            print(f"turnstile verify-trace: {message}", file=err)
+            if as_json:
+                out.write(_dumps({"file": path, "verdict": "unreadable", "message": message})
+                          + "\n")
+            cases.append(JunitCase(path, "trace", "error", message=message, file=path))
             status = max(status, EXIT_USAGE)
             continue
         try:
             report = verify_trace(path, progress=progress)
         except MalformedError as error:
             print(f"turnstile verify-trace: malformed trace: {error}", file=err)
+            if as_json:
+                out.write(_dumps({"file": path, "verdict": "malformed", "message": str(error),
+                                  "line": error.line, "field": error.field}) + "\n")
+            cases.append(JunitCase(path, "trace", "error", message="malformed trace",
+                                   text=str(error), file=path))
             status = max(status, EXIT_MALFORMED)
             continue
-        out.write("\n".join(report.format()) + "\n")
+        lines = report.format()
+        out.write(_dumps(report.to_json()) + "\n" if as_json else "\n".join(lines) + "\n")
         out.flush()
+        cases.append(JunitCase(path, "trace", "passed" if report.ok else "failed",
+                               report.seconds, "" if report.ok else lines[0], "\n".join(lines),
+                               path))
         if not report.ok:
             status = max(status, EXIT_FAILED)
+    if junit is not None:
+        try:
+            write_junit(junit, "turnstile verify-trace", cases)
+        except OSError as error:
+            print(f"turnstile verify-trace: {junit}: cannot write the JUnit report: "
+                  f"{error.strerror or error}", file=err)
+            status = max(status, EXIT_USAGE)
     return status
 
 
