@@ -168,7 +168,7 @@ def _run_diagrams(args: argparse.Namespace) -> int:
 
 
 def _configure_run(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Run a script of inputs (specs/scripts.md) through the core and print "
+    parser.description = ("Run a script of inputs (scripts.md of the spec) through the core and print "
                           "every output as one JSON line. Exit status 2 when the script is "
                           "malformed, a 'when' pattern is never matched, an effect selector "
                           "matches nothing, or the core refuses an input.")

@@ -82,9 +82,10 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _kit_help() -> str:
+def _kit_help(name: str = "PROTOCOL.md") -> str:
+    """Where a document of the conformance kit is, for help texts (installed or checkout)."""
     kit = conformance_dir()
-    return f"{kit}/PROTOCOL.md" if kit is not None else "PROTOCOL.md of the conformance kit"
+    return str(kit / name) if kit is not None else f"{name} of the conformance kit"
 
 
 # --------------------------------------------------------------------------
@@ -95,8 +96,7 @@ def _kit_help() -> str:
 def configure_check(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Run conformance vectors against this implementation, or with --port against another "
-        "one through the adapter protocol (PROTOCOL.md of the conformance kit; "
-        "`turnstile check --version` prints where it is). Prints the first divergence of each "
+        f"one through the adapter protocol ({_kit_help()}). Prints the first divergence of each "
         "failing vector and a summary line 'N passed, M failed' (port errors, skips and known "
         "failures counted apart). Exit status: 0 all passed (skips and known failures "
         "allowed), 1 some failed or a known failure now passes, 2 usage, 3 malformed vector, "
@@ -433,7 +433,7 @@ def run_check(args: argparse.Namespace) -> int:
 def configure_adapter(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Serve this implementation over the adapter protocol on standard input and output "
-        "(specs/conformance/PROTOCOL.md), so that `turnstile check --port \"turnstile adapter\"` "
+        f"({_kit_help()}), so that `turnstile check --port \"turnstile adapter\"` "
         "runs the vectors through the protocol.")
     parser.add_argument("--deviate", action="append", default=[], metavar="TAG",
                         help="declare a deviation: vectors with this tag are skipped (repeatable)")
@@ -456,7 +456,7 @@ def run_adapter(args: argparse.Namespace) -> int:
 def configure_verify_trace(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Check recorded traces of another implementation (inputs interleaved with its observed "
-        "outputs, JSON lines; specs/conformance/PROTOCOL.md) against this implementation step by "
+        f"outputs, JSON lines; {_kit_help()}) against this implementation step by "
         "step and report the first divergence with context. Exit status: 0 every trace agrees, "
         "1 a trace diverges, 2 usage, 3 malformed trace.")
     parser.add_argument("traces", nargs="+", metavar="TRACE.jsonl", help="a recorded trace")
@@ -529,7 +529,7 @@ def run_verify_trace(args: argparse.Namespace) -> int:
 def configure_record(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Run a draft vector (its inputs, with {\"pull\": N} or {\"pull\": \"all\"} where outputs "
-        "are to be recorded; see specs/conformance/README.md) through this implementation and "
+        f"are to be recorded; see {_kit_help('README.md')}) through this implementation and "
         "write the complete vector, or with --trace the same run as a trace. Review every "
         "recorded output against the spec before adding a vector to a corpus.")
     parser.add_argument("draft", metavar="DRAFT.json", help="a draft (or an existing vector)")
