@@ -75,7 +75,7 @@ def _log_validate(args: argparse.Namespace, out: TextIO) -> int:
         verdict = validate_file(path)
         verdicts.append(verdict)
         if args.json:
-            out.write(json.dumps(verdict.to_json(), ensure_ascii=False) + "\n")
+            out.write(json.dumps(verdict.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n")
         elif verdict.verdict == "unreadable":
             out.flush()
             print(verdict.text, file=sys.stderr)
