@@ -11,24 +11,36 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP_RUN): pyproject.toml | $(BIN)/python
+# The distribution was called `turnstile` before it became `turnstile-agent` (the old name
+# belongs to another project on the package index): an older .venv still has it installed,
+# with a top-level `model` package, so it is removed first.
+$(STAMP_RUN): pyproject.toml setup.py | $(BIN)/python
+	$(BIN)/python -m pip uninstall --quiet --yes turnstile 2>/dev/null || true
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
-$(STAMP_DEV): pyproject.toml | $(BIN)/python
+$(STAMP_DEV): pyproject.toml setup.py | $(BIN)/python
+	$(BIN)/python -m pip uninstall --quiet --yes turnstile 2>/dev/null || true
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@ $(STAMP_RUN)
 
-# The demo: the example logs' verdicts (one is deliberately invalid, so its exit
-# status is not the demo's), then a narrated session through the runtime, which
-# ends by checking the conformance corpus.
+# The demo: the example logs' verdicts, then a narrated session through the runtime,
+# which ends by checking the conformance corpus. Two example logs are broken on purpose
+# (to show what `log validate` reports), so that command must exit 1 for them.
+EXAMPLE_LOGS_VALID := specs/examples/multi-turn-with-injection.jsonl
+EXAMPLE_LOGS_BROKEN := specs/examples/enclosure-violation.jsonl specs/examples/torn-line.jsonl
 demo: $(STAMP_RUN)
-	-$(BIN)/turnstile log validate specs/examples/*.jsonl
+	@echo "turnstile log validate: a valid example log"
+	@$(BIN)/turnstile log validate $(EXAMPLE_LOGS_VALID)
+	@echo "turnstile log validate: two example logs broken on purpose (each verdict names the first problem)"
+	@$(BIN)/turnstile log validate $(EXAMPLE_LOGS_BROKEN); test $$? -eq 1
+	@echo
 	$(BIN)/turnstile demo
 
 lint: $(STAMP_DEV)
 	$(BIN)/python -m ruff check .
 
+# model/ is checked under its folder name; installed, it is machine._model (setup.py).
 typecheck: $(STAMP_DEV)
 	$(BIN)/python -m mypy --strict machine model
 
@@ -75,7 +87,7 @@ mutation-sample: $(STAMP_DEV)
 	$(BIN)/python .ci/mutation_sample.py estimate mutants/sample.json
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) build dist *.egg-info .mypy_cache .pytest_cache .ruff_cache
 
 # Benchmarks (issue #8): runs every item in bench/ (one process each) and writes BENCHMARKS.md
 # with the machine description. Takes about 20 minutes; no timing is asserted anywhere.

@@ -25,7 +25,6 @@ from typing import Any, TextIO
 
 from bench.common import Section, rate
 from machine.conformance.checker import run_all
-from machine.conformance.cli import DEFAULT_VECTORS
 from machine.conformance.recorder import config_to_json, output_json
 from machine.conformance.subjects import LocalSubject, fake_clock
 from machine.conformance.trace import TRACE_VERSION, verify_trace
@@ -42,6 +41,7 @@ from machine.io import (
 )
 from machine.jsonvalue import thaw
 from machine.log import SessionLog
+from machine.specfiles import vectors_dir
 
 FULL_EVENTS = 1_000_000
 QUICK_EVENTS = 1_500
@@ -174,7 +174,9 @@ def core_only(path: str | Path) -> None:
 
 def check_vectors(repeats: int) -> tuple[int, int, list[float]]:
     """Run the shipped corpus *repeats* times: (vectors, steps, seconds per pass)."""
-    vectors = [load_vector(path) for path in find_vectors([DEFAULT_VECTORS])]
+    corpus = vectors_dir()
+    assert corpus is not None, "no conformance corpus"
+    vectors = [load_vector(path) for path in find_vectors([corpus])]
     steps = sum(len(v.steps) for v in vectors)
     passes = []
     for _ in range(repeats):

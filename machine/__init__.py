@@ -2,8 +2,13 @@
 
 ``machine`` is the library: a deterministic sans-I/O `AgentCore` over four
 explicit state machines (inbox, acceptance window, turn lifecycle, outbox),
-the message vocabulary, and the session log. See ``specs/`` for the rules.
+the message vocabulary, and the session log. The rules are in the spec
+(``specs/`` in the repository; shipped in the package, see `machine.specfiles`).
+Installed from the distribution ``turnstile-agent``.
 """
+
+#: The version of the distribution ``turnstile-agent`` (pyproject.toml reads it from here).
+__version__ = "0.1.0"
 
 from machine.core import AgentCore, CoreConfig
 from machine.errors import (
@@ -37,5 +42,5 @@ __all__ = [
     "CoreConfig", "DisposedError", "Durable", "Effect", "ErrorInfo", "Event", "InvariantError",
     "Live", "LiveEvent", "LlmFailure", "Message", "NotJsonCompatibleError", "Output",
     "ProtocolError", "SendOptions", "SessionLog", "ToolResult", "TurnstileError",
-    "ValidationError", "plugin_source", "user_message",
+    "ValidationError", "__version__", "plugin_source", "user_message",
 ]

@@ -4,10 +4,14 @@ Subcommands are listed in `COMMANDS`; each one configures its own argparse
 sub-parser and runs from the parsed arguments. To add one, write a
 ``configure`` and a ``run`` function and add a `Command` to `COMMANDS`.
 
-``turnstile log validate FILE...`` replays JSONL session logs through the
-session invariants (``specs/log.md``). Exit status: 0 when every file is a
-valid log, 1 when some file is invalid or malformed, 2 for usage errors and
-unreadable files (the worst status wins).
+``turnstile --version`` prints the version; ``python -m machine`` is the same
+command line.
+
+``turnstile log validate FILE... [--json] [--junit FILE]`` replays session logs
+and JSONL store session files through the session invariants (``specs/log.md``,
+``machine.logfiles``). Exit status: 0 when every file is a valid log, 1 when some
+file is invalid or malformed, 2 for usage errors and unreadable files (the worst
+status wins).
 
 ``turnstile log show|repair|fork TARGET`` inspect, repair and fork stored
 sessions (``machine.store.cli``, ``specs/persistence.md``).
@@ -36,23 +40,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, TextIO
 
-from machine import diagrams, runner
+from machine import __version__, diagrams, runner
 from machine.conformance import cli as conformance_cli
-from machine.errors import ValidationError
-from machine.events import TURN_END, TURN_START, Event
-from machine.log import validate_events
+from machine.junit import write_junit
+from machine.logfiles import EXIT_INVALID, EXIT_OK, EXIT_USAGE, junit_case, validate_file
 from machine.store import cli as store_cli
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
-
-EXIT_OK: Final = 0
-EXIT_INVALID: Final = 1
-EXIT_USAGE: Final = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,84 +68,27 @@ class Command:
 # --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _FileVerdict:
-    """The outcome of validating one file: the line to print and the exit status."""
-
-    line: str
-    status: int
-
-
-def _read_log(path: str) -> _FileVerdict:
-    """Decode and replay one JSONL log, stopping at the first problem."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return _FileVerdict(f"{path}: no such file", EXIT_USAGE)
-    except IsADirectoryError:
-        return _FileVerdict(f"{path}: is a directory, not a JSONL log", EXIT_USAGE)
-    except UnicodeDecodeError as error:
-        return _FileVerdict(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})",
-                            EXIT_INVALID)
-    except OSError as error:
-        return _FileVerdict(f"{path}: cannot read: {error.strerror or error}", EXIT_USAGE)
-    lines = text.split("\n")
-    terminated = lines[-1] == ""
-    if terminated:
-        lines.pop()  # the newline that ends the last record
-    malformed: list[str] = []
-    turns: list[str] = []  # the turn/start and turn/end types, for the summary
-
-    def decoded() -> Iterator[Event]:
-        for number, line in enumerate(lines, start=1):
-            event_or_problem = _decode_line(line)
-            if isinstance(event_or_problem, str):
-                torn = " (the final line has no newline: a torn write?)" \
-                    if number == len(lines) and not terminated else ""
-                malformed.append(f"{path}:{number}: {event_or_problem}{torn}")
-                return
-            if event_or_problem.type in (TURN_START, TURN_END):
-                turns.append(event_or_problem.type)
-            yield event_or_problem
-
-    # validate_events stops at the first violation, so a malformed line after
-    # it is never decoded: the first problem in file order is reported.
-    violation = validate_events(decoded())
-    if violation is not None:
-        return _FileVerdict(f"{path}: INVALID at {violation} (line {violation.seq + 1})",
-                            EXIT_INVALID)
-    if malformed:
-        return _FileVerdict(malformed[0], EXIT_INVALID)
-    count = turns.count(TURN_START)
-    summary = (f"{len(lines)} event{'' if len(lines) == 1 else 's'}, "
-               f"{count} turn{'' if count == 1 else 's'}")
-    if turns and turns[-1] == TURN_START:
-        summary += f", turn {count} still open"
-    return _FileVerdict(f"{path}: OK ({summary})", EXIT_OK)
-
-
-def _decode_line(line: str) -> Event | str:
-    """The event on one line, or a description of why it is not one."""
-    if not line.strip():
-        return "empty line (expected one JSON event per line)"
-    try:
-        value = json.loads(line)
-    except json.JSONDecodeError as error:
-        return f"invalid JSON: {error.msg} (column {error.colno})"
-    except RecursionError:
-        return "invalid JSON: nested too deeply"
-    try:
-        return Event.from_json(value)
-    except ValidationError as error:
-        return f"not a session event: {error}"
-
-
 def _log_validate(args: argparse.Namespace, out: TextIO) -> int:
-    status = EXIT_OK
+    """Verdict lines on *out*, unreadable files on standard error (`machine.logfiles`)."""
+    verdicts = []
     for path in args.files:
-        verdict = _read_log(path)
-        print(verdict.line, file=out)
-        status = max(status, verdict.status)
+        verdict = validate_file(path)
+        verdicts.append(verdict)
+        if args.json:
+            out.write(json.dumps(verdict.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n")
+        elif verdict.verdict == "unreadable":
+            out.flush()
+            print(verdict.text, file=sys.stderr)
+        else:
+            print(verdict.text, file=out)
+    status = max(verdict.status for verdict in verdicts)
+    if args.junit is not None:
+        try:
+            write_junit(args.junit, "turnstile log validate", [junit_case(v) for v in verdicts])
+        except OSError as error:
+            print(f"turnstile log validate: {args.junit}: cannot write the JUnit report: "
+                  f"{error.strerror or error}", file=sys.stderr)
+            status = max(status, EXIT_USAGE)
     return status
 
 
@@ -159,10 +101,18 @@ _LOG_SUBCOMMANDS: Final[dict[str, Callable[[argparse.Namespace, TextIO], int]]] 
 def _configure_log(parser: argparse.ArgumentParser) -> None:
     subcommands = parser.add_subparsers(dest="log_command", metavar="SUBCOMMAND", required=True)
     validate = subcommands.add_parser(
-        "validate", help="check JSONL session logs against the session invariants",
-        description="Replay each FILE (one session event as JSON per line) through the "
-                    "session-log rules L1-L14 and print one verdict line per file.")
-    validate.add_argument("files", nargs="+", metavar="FILE", help="a JSONL session log")
+        "validate", help="check session logs and store files against the session invariants",
+        description="Replay each FILE through the session-log rules L1-L14 and print one "
+                    "verdict line per file. A FILE is a session log (one session event as JSON "
+                    "per line) or a session file of the JSONL store (checksummed records after "
+                    "a header; recognised by its first line). Files that cannot be read are "
+                    "reported on standard error. Exit status: 0 all valid, 1 some invalid, "
+                    "2 usage or unreadable.")
+    validate.add_argument("files", nargs="+", metavar="FILE",
+                          help="a JSONL session log or a JSONL store session file")
+    validate.add_argument("--json", action="store_true",
+                          help="print one JSON object per file instead of the verdict lines")
+    validate.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE")
     store_cli.configure(subcommands)
 
 
@@ -218,7 +168,7 @@ def _run_diagrams(args: argparse.Namespace) -> int:
 
 
 def _configure_run(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Run a script of inputs (specs/scripts.md) through the core and print "
+    parser.description = ("Run a script of inputs (scripts.md of the spec) through the core and print "
                           "every output as one JSON line. Exit status 2 when the script is "
                           "malformed, a 'when' pattern is never matched, an effect selector "
                           "matches nothing, or the core refuses an input.")
@@ -267,6 +217,9 @@ def _configure_explore(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=None,
                         help="stop after this many seconds (reported as a budget stop)")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
+    parser.add_argument("--json", action="store_true",
+                        help="print the result as one JSON object (states, transitions, "
+                             "violation with its reproducing steps)")
 
 
 def _run_explore(args: argparse.Namespace) -> int:
@@ -280,7 +233,7 @@ def _run_explore(args: argparse.Namespace) -> int:
         print(f"turnstile explore: {problem}", file=sys.stderr)
         return EXIT_USAGE
     return main_explore(args.depth, commands=names, with_model=args.model,
-                        budget_seconds=args.seconds, quiet=args.quiet)
+                        budget_seconds=args.seconds, quiet=args.quiet, as_json=args.json)
 
 
 def _configure_demo(parser: argparse.ArgumentParser) -> None:
@@ -322,6 +275,8 @@ COMMANDS: Final[dict[str, Command]] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="turnstile", description="The turnstile agent-loop core: tools and checks.")
+    parser.add_argument("--version", action="version",
+                        version=f"turnstile {__version__} (distribution turnstile-agent)")
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, command in COMMANDS.items():
         command.configure(subcommands.add_parser(name, help=command.help,

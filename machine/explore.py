@@ -29,6 +29,9 @@ JSON objects.
 
 from __future__ import annotations
 
+import importlib
+import json
+import logging
 import re
 import sys
 import time
@@ -401,14 +404,29 @@ def state_key(core: AgentCore) -> str:
     return _ID.sub(rename, text)
 
 
+def reference_model(config: CoreConfig) -> Agentlike:
+    """A fresh reference model, ``ModelAgent`` of the repository's ``model/`` folder.
+
+    It is installed as the private package ``machine._model`` (setup.py maps it), so a
+    ``model`` module of the user's never shadows it. It is imported by name because the type
+    checker sees the folder as ``model`` (model/agent.py states that it is `Agentlike`).
+    """
+    agent: Agentlike = importlib.import_module("machine._model").ModelAgent(
+        config, clock=_counter())
+    return agent
+
+
 def main_explore(depth: int, *, commands: Sequence[str] = DEFAULT_COMMANDS, with_model: bool = False,
-                 budget_seconds: float | None = None, quiet: bool = False) -> int:
-    """``turnstile explore``: returns an exit code (0 ok, 1 violation)."""
+                 budget_seconds: float | None = None, quiet: bool = False,
+                 as_json: bool = False) -> int:
+    """``turnstile explore``: returns an exit code (0 ok, 1 violation).
+
+    With *as_json* the result is one JSON object on standard output (`result_json`).
+    """
     other: Callable[[], Agentlike] | None = None
     explorer_config = CoreConfig(request_options={"provider": "p", "model": "m"}, publish=False)
     if with_model:
-        from model import ModelAgent
-        other = lambda: ModelAgent(explorer_config, clock=_counter())  # noqa: E731
+        other = lambda: reference_model(explorer_config)  # noqa: E731
     explorer = Explorer(config=explorer_config, commands=commands, other=other)
 
     def progress(states: int, frontier: int, seconds: float) -> None:
@@ -416,14 +434,24 @@ def main_explore(depth: int, *, commands: Sequence[str] = DEFAULT_COMMANDS, with
             print(f"\rdepth {depth}: {states} states, frontier {frontier}, "
                   f"{states / seconds:,.0f} states/s", end="", file=sys.stderr, flush=True)
 
-    result = explorer.run(depth, progress=progress, budget_seconds=budget_seconds)
+    logger = logging.getLogger("turnstile")
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # the explored failures' own warnings are expected: not shown
+    try:
+        result = explorer.run(depth, progress=progress, budget_seconds=budget_seconds)
+    finally:
+        logger.setLevel(level)
     if not quiet:
         print("\r" + " " * 78 + "\r", end="", file=sys.stderr)
+    budget_reached = bool(budget_seconds and result.seconds > budget_seconds)
+    if as_json:
+        print(json.dumps(result_json(result, commands=commands, with_model=with_model,
+                                     budget_reached=budget_reached), ensure_ascii=False))
+        return 1 if result.failure is not None else 0
     print(f"depth {depth}: {result.states} states, {result.transitions} transitions in "
           f"{result.seconds:.1f} s ({result.states_per_second:,.0f} states/s)"
-          + (" [budget reached]" if budget_seconds and result.seconds > budget_seconds else ""))
+          + (" [budget reached]" if budget_reached else ""))
     if result.failure is not None:
-        import json
         print(f"VIOLATION: {result.failure}")
         print("shortest reproducing sequence (inputs with the outputs pulled before them):")
         for step in result.failure.steps:
@@ -431,3 +459,15 @@ def main_explore(depth: int, *, commands: Sequence[str] = DEFAULT_COMMANDS, with
         return 1
     print("no violation")
     return 0
+
+
+def result_json(result: ExploreResult, *, commands: Sequence[str], with_model: bool,
+                budget_reached: bool) -> dict[str, JsonLike]:
+    """An exploration's result as JSON (``turnstile explore --json``)."""
+    failure: JsonLike = None
+    if result.failure is not None:
+        failure = {"message": str(result.failure), "steps": list(result.failure.steps)}
+    return {"depth": result.depth, "commands": list(commands), "model": with_model,
+            "states": result.states, "transitions": result.transitions,
+            "seconds": round(result.seconds, 3), "budgetReached": budget_reached,
+            "ok": result.failure is None, "violation": failure}

@@ -2,6 +2,7 @@
 
 Test support only: this module imports Hypothesis, so the library itself
 (``machine/__init__.py`` and everything it loads) must never import it.
+Hypothesis comes with the ``testing`` extra: ``pip install 'turnstile-agent[testing]'``.
 
 Strategies that produce *values* (messages, options, reasons, events) return
 the library's immutable types; strategies for data the environment or a caller
@@ -14,7 +15,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from hypothesis import strategies as st
+try:
+    from hypothesis import strategies as st
+except ImportError as missing:  # the library itself never needs Hypothesis
+    raise ImportError(
+        "machine.strategies needs Hypothesis, which is an optional dependency: install it with "
+        "pip install 'turnstile-agent[testing]'", name=missing.name) from missing
 
 from machine.events import (
     AGENT_CREATED,

@@ -42,7 +42,9 @@ synchronous scripted `Driver` and returns the driver (its ``outputs``,
 
 Handlers run synchronously here: they may ``await asyncio.sleep(0)`` but must
 not wait for anything else (use the asyncio `Agent` for that). This module
-imports Hypothesis; the library itself never imports it.
+imports Hypothesis, an optional dependency: install the ``testing`` extra,
+``pip install 'turnstile-agent[testing]'`` (importing it without Hypothesis
+raises an ImportError that says so). The library itself never imports it.
 """
 
 from __future__ import annotations
@@ -52,7 +54,12 @@ from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias, TypeVar
 
-from hypothesis import strategies as st
+try:
+    from hypothesis import strategies as st
+except ImportError as missing:  # the library itself never needs Hypothesis
+    raise ImportError(
+        "machine.testing needs Hypothesis, which is an optional dependency: install it with "
+        "pip install 'turnstile-agent[testing]'", name=missing.name) from missing
 
 from machine.core import AgentCore, CoreConfig
 from machine.errors import TurnstileError

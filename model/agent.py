@@ -27,7 +27,7 @@ import json
 import logging
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, TypeAlias
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from machine.core import CoreConfig
 from machine.errors import DisposedError, ProtocolError, ValidationError
@@ -1640,3 +1640,11 @@ class _BatchState:
             if call.state == "failed":
                 return index
         return None
+
+
+if TYPE_CHECKING:
+    from machine.explore import Agentlike
+
+    def _drivable_by_the_explorer(agent: ModelAgent) -> Agentlike:
+        """`machine.explore.reference_model` returns a ModelAgent as `Agentlike`: checked here."""
+        return agent

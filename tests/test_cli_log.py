@@ -114,10 +114,11 @@ def test_missing_file_is_a_clear_message_and_exit_2(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = str(tmp_path / "nope.jsonl")
     status, out, err = run(capsys, "log", "validate", missing)
-    assert status == 2 and err == ""
-    assert out == [f"{missing}: no such file"]
-    status, out, _ = run(capsys, "log", "validate", str(tmp_path))
-    assert status == 2 and out == [f"{tmp_path}: is a directory, not a JSONL log"]
+    assert (status, out) == (2, [])
+    assert err == f"{missing}: no such file\n"           # not a verdict: on standard error
+    status, out, err = run(capsys, "log", "validate", str(tmp_path))
+    assert (status, out) == (2, [])
+    assert err == f"{tmp_path}: is a directory, not a JSONL log\n"
 
 
 def test_every_file_gets_a_verdict_and_the_worst_status_wins(
@@ -128,8 +129,8 @@ def test_every_file_gets_a_verdict_and_the_worst_status_wins(
     assert status == 1
     assert out[0] == f"{good}: OK (2 events, 1 turn)"
     assert out[1].startswith(f"{bad}: INVALID at seq 0 [L4]")
-    status, out, _ = run(capsys, "log", "validate", bad, str(tmp_path / "nope"), good)
-    assert status == 2 and len(out) == 3
+    status, out, err = run(capsys, "log", "validate", bad, str(tmp_path / "nope"), good)
+    assert status == 2 and len(out) == 2 and err == f"{tmp_path / 'nope'}: no such file\n"
 
 
 def test_non_utf8_file_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -119,7 +119,7 @@ def test_a_reply_that_is_not_json_is_a_port_failure_with_its_line() -> None:
     assert ("  port failure at step 2 (line 10): port reply line 4 (in reply to "
             '{"op":"pull","max":6}): not JSON (Expecting value: line 1 column 1 (char 0)): '
             "'this is not JSON'") in out.splitlines()
-    assert out.endswith("0 passed, 1 failed\n") and "Traceback" not in out
+    assert out.endswith("0 passed, 0 failed, 1 port error\n") and "Traceback" not in out
 
 
 def test_a_silent_port_times_out_and_is_restarted() -> None:
@@ -128,7 +128,7 @@ def test_a_silent_port_times_out_and_is_restarted() -> None:
     status, out, _ = run_check([A1, A5], wrong_port("--bug", "hang"), timeout=2.0)
     assert status == 4
     assert out.count('no reply within 2s in reply to {"op":"pull","max":6}') == 2
-    assert out.endswith("0 passed, 2 failed\n")
+    assert out.endswith("0 passed, 0 failed, 2 port errors\n")
 
 
 def test_ports_that_cannot_start_or_shake_hands_are_reported() -> None:

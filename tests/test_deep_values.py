@@ -14,11 +14,11 @@ from typing import Any, cast
 import pytest
 from scenario_helpers import Scenario
 
+from machine._model import ModelAgent
 from machine.core import AgentCore, CoreConfig
 from machine.errors import NotJsonCompatibleError
 from machine.jsonvalue import MAX_DEPTH, FrozenList, freeze, frozen_from_json, thaw
 from machine.scripted import Driver, ScriptedEnvironment, calls_reply, ok_result, text_reply
-from model import ModelAgent
 
 
 def nested(depth: int) -> Any:

@@ -12,13 +12,13 @@ from typing import Any, cast
 
 import pytest
 
+from machine._model import ModelAgent
 from machine.core import AgentCore, CoreConfig
 from machine.errors import CodecError, DisposedError
 from machine.events import CANCEL_REQUESTED, CONTEXT_DISCARD, INBOX_DISCARD
 from machine.io import Control, Durable, Effect, Live, Observer, Output, input_from_json
 from machine.scripted import HOLD, Driver, ScriptedEnvironment, calls_reply, text_reply
 from machine.vocabulary import user_message
-from model import ModelAgent
 
 Core = Callable[[CoreConfig], AgentCore]
 IMPLEMENTATIONS: dict[str, Core] = {

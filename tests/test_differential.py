@@ -1,4 +1,4 @@
-"""Differential test: `machine.core.AgentCore` against the reference model `model.ModelAgent`.
+"""Differential test: `machine.core.AgentCore` against the reference model (model/, `machine._model`).
 
 A Hypothesis `RuleBasedStateMachine` feeds both the same inputs at the same
 observer positions (P2): every command (send with valid and invalid options
@@ -29,6 +29,7 @@ from hypothesis import HealthCheck, event, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from machine._model import ModelAgent
 from machine.core import AgentCore, CoreConfig
 from machine.errors import InvariantError, ProtocolError, ValidationError
 from machine.events import Event
@@ -52,7 +53,6 @@ from machine.io import (
 from machine.jsonvalue import FrozenDict, JsonLike, thaw
 from machine.log import SessionLog
 from machine.vocabulary import FOLLOWUP, INJECT, STEER, ErrorInfo, LlmFailure
-from model import ModelAgent
 
 # --------------------------------------------------------------------------
 # Profiles

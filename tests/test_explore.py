@@ -10,10 +10,10 @@ import os
 
 import pytest
 
+from machine._model import ModelAgent
 from machine.core import AgentCore, CoreConfig
 from machine.explore import COMMANDS, Explorer, _counter, state_key
 from machine.invariants import AgentInvariantError, InvariantMonitor, next_status_ok, window_ok
-from model import ModelAgent
 
 EXPLORE_CONFIG = CoreConfig(request_options={"provider": "p", "model": "m"}, publish=False)
 

@@ -11,6 +11,7 @@ from typing import Any, cast
 
 import pytest
 
+from machine._model import ModelAgent
 from machine.core import AgentCore, CoreConfig
 from machine.errors import DisposedError, ProtocolError, ValidationError
 from machine.io import Durable, Effect, Live
@@ -25,7 +26,6 @@ from machine.scripted import (
     text_reply,
 )
 from machine.vocabulary import ErrorInfo, user_message
-from model import ModelAgent
 
 CONFIG = CoreConfig(request_options={"provider": "test", "model": "test-model"})
 

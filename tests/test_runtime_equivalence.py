@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
+from machine.conformance.vectors import find_vectors
 from machine.core import AgentCore, CoreConfig
 from machine.io import Output
 from machine.jsonvalue import thaw
@@ -374,8 +375,7 @@ def test_F9b_a_failed_flush_is_reported_and_work_continues(caplog: pytest.LogCap
 # Conformance vectors and scripts, through the runtime
 # --------------------------------------------------------------------------
 
-VECTOR_FILES = sorted(p for p in CONFORMANCE.rglob("*.json") if not p.name.endswith(".schema.json")
-                      ) if CONFORMANCE.is_dir() else []
+VECTOR_FILES = sorted(find_vectors([CONFORMANCE])) if CONFORMANCE.is_dir() else []
 
 
 @pytest.mark.parametrize("path", VECTOR_FILES or [pytest.param(None, marks=pytest.mark.skip(

@@ -6,11 +6,19 @@ step is compared with the next pulled output (strictly, except for the
 step's loose fields), ``{"out": "none"}`` requires that nothing is pulled.
 The first step that does not hold is the *divergence*; `format_outcome`
 renders it with the inputs up to that point, the expected and the actual
-output, and the rules the vector covers.
+output, and the rules the vector covers; `outcome_json` gives the same as one
+JSON object (``turnstile check --json``).
+
+Statuses: ``passed``, ``failed`` (a divergence), ``error`` (the port broke the
+adapter protocol), ``skipped`` (a declared deviation or a missing capability),
+and for vectors listed in a known-failures file (`machine.conformance.selection`)
+``known-failure`` (it does not pass, as expected) and ``fixed`` (it passes now:
+the list is out of date).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -19,8 +27,8 @@ from machine.conformance import jsoncmp
 from machine.conformance.subjects import Subject
 from machine.conformance.vectors import Step, Vector
 
-__all__ = ["Divergence", "LateInputFailure", "Outcome", "PortFailure", "format_outcome",
-           "format_summary", "run_vector"]
+__all__ = ["STATUSES", "Divergence", "LateInputFailure", "Outcome", "PortFailure", "Status",
+           "format_outcome", "format_summary", "outcome_json", "run_all", "run_vector"]
 
 SHOWN_INPUTS: Final = 25
 NONE: Final = {"out": "none"}
@@ -40,24 +48,40 @@ class LateInputFailure(Exception):
         self.message = message
 
 
+Status = Literal["passed", "failed", "error", "skipped", "known-failure", "fixed"]
+#: Every status, in the order of the summary line.
+STATUSES: Final[tuple[Status, ...]] = ("passed", "failed", "error", "skipped", "known-failure",
+                                       "fixed")
+
+
 @dataclass(frozen=True, slots=True)
 class Divergence:
     index: int                       # the step that did not hold (0-based)
     expected: str                    # what the vector says, rendered
     actual: str                      # what the implementation did, rendered
     difference: str | None = None    # where two outputs differ
+    #: the expected and the actual output as JSON values, when the step is an output step
+    #: and the implementation gave one (None stands for "no output")
+    expected_output: dict[str, Any] | None = None
+    actual_output: dict[str, Any] | None = None
+    pointer: str | None = None       # where inside them, a JSON Pointer
 
 
 @dataclass(slots=True)
 class Outcome:
     vector: Vector
-    status: Literal["passed", "failed", "skipped", "error"]
+    status: Status
     divergence: Divergence | None = None
     reason: str | None = None        # skip reason, or the port failure
     index: int | None = None         # for a port failure: the step being run
     steps_run: int = 0
     notes: list[str] = field(default_factory=list)
     restart: bool = False            # the subject's replies are out of step: start a new one
+    seconds: float = 0.0             # how long the vector took (reports only; never asserted)
+    #: for a vector in the known-failures file: what it said (its comment), and the status
+    #: the run itself gave (``failed`` or ``error`` for a known failure, ``passed`` if fixed)
+    known: str | None = None
+    ran: Status | None = None
 
 
 def _expect_raise(step: Step) -> str:
@@ -119,10 +143,12 @@ def _compare(index: int, step: Step, actual: dict[str, Any] | None) -> Divergenc
         if actual is None:
             return None
         return Divergence(index, "no output now (the implementation waits for an input)",
-                          jsoncmp.render(actual, 10_000))
+                          jsoncmp.render(actual, 10_000), expected_output=dict(NONE),
+                          actual_output=actual)
     if actual is None:
         return Divergence(index, jsoncmp.render(expected, 10_000),
-                          "no output (the implementation waits for an input)")
+                          "no output (the implementation waits for an input)",
+                          expected_output=expected, actual_output=dict(NONE))
     if actual.get("out") == "event" and "time" in actual:
         actual = {k: v for k, v in actual.items() if k != "time"}
     if not step.loose and jsoncmp.same(expected, actual):
@@ -131,7 +157,7 @@ def _compare(index: int, step: Step, actual: dict[str, Any] | None) -> Divergenc
     if difference is None:
         return None
     return Divergence(index, jsoncmp.render(expected, 10_000), jsoncmp.render(actual, 10_000),
-                      str(difference))
+                      str(difference), expected, actual, jsoncmp.pointer(difference.path))
 
 
 # --------------------------------------------------------------------------
@@ -151,13 +177,18 @@ def _short(value: dict[str, Any], limit: int = 160) -> str:
 def format_outcome(outcome: Outcome) -> list[str]:
     """The report lines of one failed or errored outcome (empty for the others)."""
     vector = outcome.vector
-    if outcome.status not in ("failed", "error"):
+    ran = outcome.ran or outcome.status
+    if ran not in ("failed", "error"):
         return []
-    head = "FAIL" if outcome.status == "failed" else "ERROR"
+    head = {"failed": "FAIL", "error": "ERROR"}[ran]
+    if outcome.status == "known-failure":
+        head = f"KNOWN {head}"
     lines = [f"{head} {vector.id} ({vector.path})",
              f"  title: {vector.title}",
              f"  rules: {', '.join(vector.rules)}"]
-    if outcome.status == "error":
+    if outcome.known:
+        lines.append(f"  known failure: {outcome.known}")
+    if ran == "error":
         where = _where(vector, outcome.index) if outcome.index is not None \
             and outcome.index < len(vector.steps) else "the start"
         lines.append(f"  port failure at {where}: {outcome.reason}")
@@ -205,14 +236,70 @@ def _last_output(vector: Vector, index: int) -> int | None:
     return None
 
 
-def format_summary(outcomes: Sequence[Outcome]) -> str:
-    passed = sum(o.status == "passed" for o in outcomes)
-    failed = sum(o.status in ("failed", "error") for o in outcomes)
-    skipped = sum(o.status == "skipped" for o in outcomes)
-    summary = f"{passed} passed, {failed} failed"
-    if skipped:
-        summary += f", {skipped} skipped"
-    return summary
+_SUMMARY_WORDS: Final[dict[Status, tuple[str, str]]] = {
+    "passed": ("passed", "passed"), "failed": ("failed", "failed"),
+    "error": ("port error", "port errors"), "skipped": ("skipped", "skipped"),
+    "known-failure": ("known failure", "known failures"),
+    "fixed": ("known failure now passes", "known failures now pass"),
+}
+
+
+def format_summary(outcomes: Sequence[Outcome], *, not_selected: int = 0) -> str:
+    """``N passed, M failed`` and, when there are any, the other counts in `STATUSES` order.
+
+    A port error (ERROR, the adapter protocol broken) is counted apart from a failure;
+    *not_selected* counts the vectors that ``--run``/``--skip``/``--tag``/``--rule`` left out.
+    """
+    counts = {status: sum(o.status == status for o in outcomes) for status in STATUSES}
+    parts = [f"{counts['passed']} passed", f"{counts['failed']} failed"]
+    for status in STATUSES[2:]:
+        if counts[status]:
+            one, many = _SUMMARY_WORDS[status]
+            parts.append(f"{counts[status]} {one if counts[status] == 1 else many}")
+    if not_selected:
+        parts.append(f"{not_selected} not selected")
+    return ", ".join(parts)
+
+
+def outcome_json(outcome: Outcome) -> dict[str, Any]:
+    """One vector's result as JSON (``turnstile check --json``, PROTOCOL.md §6)."""
+    vector = outcome.vector
+    out: dict[str, Any] = {"vector": vector.id, "status": outcome.status, "path": vector.path,
+                           "rules": list(vector.rules), "tags": list(vector.tags)}
+    if outcome.known is not None:
+        out["known"] = outcome.known
+    if outcome.ran is not None and outcome.ran != outcome.status:
+        out["ran"] = outcome.ran
+    if outcome.reason is not None and (outcome.ran or outcome.status) == "skipped":
+        out["reason"] = outcome.reason
+    ran = outcome.ran or outcome.status
+    if ran == "error":
+        index = outcome.index if outcome.index is not None and outcome.index < len(vector.steps) \
+            else None
+        out["portFailure"] = {"step": None if index is None else index + 1,
+                              "line": None if index is None else vector.line(index) or None,
+                              "message": outcome.reason}
+    divergence = outcome.divergence
+    if divergence is not None:
+        step = vector.steps[divergence.index]
+        first: dict[str, Any] = {"step": divergence.index + 1,
+                                 "line": vector.line(divergence.index) or None,
+                                 "kind": "input" if step.kind == "in" else "output"}
+        if step.kind == "in":
+            first["input"] = step.value
+        # JSON values where there are outputs; otherwise the report's words ("accepted", …)
+        first["expected"] = divergence.expected if divergence.expected_output is None \
+            else divergence.expected_output
+        first["actual"] = divergence.actual if divergence.actual_output is None \
+            else divergence.actual_output
+        if divergence.pointer is not None:
+            first["pointer"] = divergence.pointer
+        if divergence.difference is not None:
+            first["difference"] = divergence.difference
+        out["divergence"] = first
+    out["steps"] = len(vector.steps)
+    out["seconds"] = round(outcome.seconds, 6)
+    return out
 
 
 def run_all(vectors: Iterable[Vector], subject_factory: Callable[[], Subject],
@@ -228,7 +315,9 @@ def run_all(vectors: Iterable[Vector], subject_factory: Callable[[], Subject],
                 continue
             if subject is None:
                 subject = subject_factory()
+            started = time.perf_counter()
             outcome = run_vector(vector, subject)
+            outcome.seconds = time.perf_counter() - started
             outcomes.append(outcome)
             if outcome.status == "error" or outcome.restart:
                 subject.close()

@@ -89,6 +89,20 @@ class TraceReport:
     def ok(self) -> bool:
         return self.divergence is None
 
+    def to_json(self) -> dict[str, Any]:
+        """The report as JSON (``turnstile verify-trace --json``, PROTOCOL.md §4)."""
+        out: dict[str, Any] = {"file": self.path, "verdict": "ok" if self.ok else "diverges",
+                               "lines": self.lines, "sessions": self.sessions,
+                               "inputs": self.inputs, "outputs": self.outputs}
+        d = self.divergence
+        if d is not None:
+            out["divergence"] = {"line": d.line, "sessionLine": d.session_line,
+                                 "observed": d.observed, "expected": d.expected,
+                                 "difference": d.difference,
+                                 "context": [{"line": n, "text": text} for n, text in d.context]}
+        out["seconds"] = round(self.seconds, 3)
+        return out
+
     def format(self) -> list[str]:
         if self.divergence is None:
             return [f"{self.path}: OK ({self.lines} lines, {self.sessions} session"

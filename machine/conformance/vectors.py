@@ -435,15 +435,24 @@ def _output_step(raw: dict[str, Any], path: jsoncmp.Path, note: str | None) -> S
     return Step("out", value, None, loose, note)
 
 
+#: Files of the kit that a directory search passes over: they describe the corpus.
+NOT_VECTORS: Final = frozenset({"corpus.json"})
+
+
 def find_vectors(paths: Sequence[str | Path]) -> Iterator[Path]:
     """Vector files under *paths*: files as given, directories searched for ``*.json``
-    (``*.schema.json`` files are skipped), sorted by path."""
+    (``*.schema.json`` and ``corpus.json`` are skipped), sorted by path. A file reached
+    twice (named twice, or also inside a named directory) is given once, where first seen."""
+    seen: set[Path] = set()
     for path in paths:
         p = Path(path)
-        if p.is_dir():
-            yield from sorted(f for f in p.rglob("*.json") if not f.name.endswith(".schema.json"))
-        else:
-            yield p
+        found = sorted(f for f in p.rglob("*.json") if not f.name.endswith(".schema.json")
+                       and f.name not in NOT_VECTORS) if p.is_dir() else [p]
+        for file in found:
+            key = file.resolve()
+            if key not in seen:
+                seen.add(key)
+                yield file
 
 
 # --------------------------------------------------------------------------

@@ -37,11 +37,11 @@ from machine.runtime.hooks import Next, PromptSubmit
 from machine.runtime.model import Hang, ScriptedModel, calls_reply, text_reply
 from machine.runtime.store import InMemorySessionStore
 from machine.runtime.tools import Tool, ToolCall
+from machine.specfiles import CHECKOUT_SPECS, SHIPPED_SPECS, spec_root
 from machine.vocabulary import Block, PromptDecision, ToolResult, user_message
 
 __all__ = ["main", "run_demo"]
 
-ROOT: Final = Path(__file__).resolve().parents[2]
 CLOCK_START: Final = 1_764_489_600_000
 
 
@@ -207,8 +207,8 @@ class _Printer:
                 flush_chunks()
                 reason = output.payload.get("reason")
                 kind = reason.get("kind") if isinstance(reason, FrozenDict) else ""
-                self._row("ctl", "", "abort", f"signal {output.payload.get('signal')}  {kind}",
-                          "31")
+                self._row("ctl", "", "abort", f"signal id {output.payload.get('signal')}, "
+                          f"reason {kind}", "31")
         flush_chunks()
 
     def _row(self, kind: str, seq: str, type_: str, detail: str, colour: str) -> None:
@@ -297,8 +297,9 @@ async def _session(printer: _Printer) -> tuple[Agent, InMemorySessionStore]:
         await agent.when_idle()
         stop()
         printer.rows(section())
-        printer.note("the late steer became a queued prompt: turn 3 ran right after the flush, "
-                     "with no idle in between")
+        printer.note("the late steer became a queued prompt: turn 3 ran right after turn 2's "
+                     "post-turn flush (the barrier that makes the log durable, R12.4), with no "
+                     "idle in between")
 
         printer.heading(4, "A tool batch with contexts", [
             "The model reads two files with a parallel-safe tool; the second read ends first."])
@@ -326,7 +327,7 @@ async def _session(printer: _Printer) -> tuple[Agent, InMemorySessionStore]:
     return agent, store
 
 
-def _corpus(printer: _Printer, root: Path) -> bool:
+def _corpus(printer: _Printer, specs: Path | None, *, required: bool) -> bool:
     """Replay the conformance vectors and example scripts through the runtime."""
     s = printer.style
     printer.line()
@@ -336,22 +337,27 @@ def _corpus(printer: _Printer, root: Path) -> bool:
     level = logger.level
     logger.setLevel(logging.ERROR)          # the vectors' own warnings are expected: not shown
     try:
-        ok = _replay_corpus(printer, root)
+        ok = _replay_corpus(printer, specs, required=required)
     finally:
         logger.setLevel(level)
     return ok
 
 
-def _replay_corpus(printer: _Printer, root: Path) -> bool:
+def _replay_corpus(printer: _Printer, specs: Path | None, *, required: bool) -> bool:
     from machine.conformance.vectors import MalformedError, find_vectors, load_vector
     from machine.runner import ScriptError, load_script
     from machine.runtime.replay import check_vector, replay_script
 
     s = printer.style
     ok = True
-    vector_dir = root / "specs" / "conformance"
-    paths = list(find_vectors([vector_dir])) if vector_dir.is_dir() else []
-    if not paths:
+    vector_dir = None if specs is None else specs / "conformance" / "vectors"
+    paths = list(find_vectors([vector_dir])) if vector_dir is not None and vector_dir.is_dir() \
+        else []
+    if not paths and required:      # an installation without its corpus is incomplete
+        printer.line(s(f"  no conformance vectors found (looked in {CHECKOUT_SPECS} and "
+                       f"{SHIPPED_SPECS}): the installation is incomplete", "31"))
+        ok = False
+    elif not paths:
         printer.line(f"  no conformance vectors under {vector_dir} (skipped)")
     else:
         failed: list[str] = []
@@ -368,7 +374,7 @@ def _replay_corpus(printer: _Printer, root: Path) -> bool:
         for line in failed[:10]:
             printer.line(s(f"    {line}", "31"))
         ok = not failed
-    scripts = sorted((root / "specs" / "examples").glob("*.json"))
+    scripts = sorted((specs / "examples").glob("*.json")) if specs is not None else []
     for path in scripts:
         try:
             problem = replay_script(load_script(path))
@@ -380,24 +386,33 @@ def _replay_corpus(printer: _Printer, root: Path) -> bool:
     return ok
 
 
-def run_demo(out: TextIO, *, colour: bool, root: Path = ROOT) -> int:
-    """Print the narrated session, check its log and the corpus; 0 if everything holds."""
+def run_demo(out: TextIO, *, colour: bool, root: Path | None = None) -> int:
+    """Print the narrated session, check its log and the corpus; 0 if everything holds.
+
+    The corpus and the example scripts are those of the installation (`machine.specfiles`),
+    and missing ones fail the demo; with *root*, those of the repository at *root*, and
+    missing ones are skipped.
+    """
     printer = _Printer(out, colour)
     s = printer.style
     printer.line(s("turnstile demo", "1") + " — a narrated session through the asyncio runtime "
                  "(machine.runtime.Agent)")
     printer.line(s("  columns: log = durable session event (seq), live = notification, "
-                   "ctl = control (abort)", "2"))
+                   "ctl = control", "2"))
+    printer.line(s("  (ctl abort: the core cancels the work that carries that signal id; each "
+                   "admission and turn gets its own id: not an OS signal)", "2"))
     agent, store = asyncio.run(asyncio.wait_for(_session(printer), 60))
     events = list(agent.session.events)
     violation = validate_events(events)
     turns = sum(1 for e in events if e.type == "turn/start")
     printer.line()
     printer.line(s("▸ The session log", "1;36"))
-    printer.line(f"  {len(events)} events, {turns} turns, {store.flushes} flushes; "
+    printer.line(f"  {len(events)} events, {turns} turns, {store.flushes} store flushes (one "
+                 f"after every turn: the log made durable); "
                  + (s("valid (rules L1-L14)", "32") if violation is None
                     else s(f"INVALID: {violation}", "31")))
-    ok = _corpus(printer, root) and violation is None
+    specs = spec_root() if root is None else root / "specs"
+    ok = _corpus(printer, specs, required=root is None) and violation is None
     printer.line()
     return 0 if ok else 1
 

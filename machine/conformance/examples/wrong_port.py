@@ -39,6 +39,10 @@ class WrongPort(Port):
         self.late: dict[str, Any] | None = None
         self.failed_once = False
 
+    def start(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+        self.misrouted.clear()   # message ids are per vector: a refused steer must not leak
+        return super().start(request)
+
     def input(self, request: dict[str, Any]) -> list[dict[str, Any]]:
         value = request["input"]
         if (self.bug == "idle-steer" and value.get("in") == "steer"
