@@ -100,9 +100,9 @@ def test_json_reports_one_object_per_file(capsys: pytest.CaptureFixture[str],
     status, out, err = run(capsys, "--json", good, bad, torn, missing)
     assert status == 2 and err == ""
     reports = [json.loads(line) for line in out]
-    assert reports[0] == {"file": good, "verdict": "ok", "layout": "log", "events": 33,
+    assert reports[0] == {"file": good, "verdict": "ok", "layout": "log", "events": 37,
                           "turns": 2, "openTurn": None,
-                          "message": f"{good}: OK (33 events, 2 turns)"}
+                          "message": f"{good}: OK (37 events, 2 turns)"}
     assert reports[1]["verdict"] == "invalid"
     assert reports[1]["problem"] == {"line": 17, "seq": 16, "rule": "L6",
                                      "detail": "assistant/chunk is outside any open turn"}

@@ -139,7 +139,7 @@ def test_the_wheel_installs_alone_and_works_from_an_empty_directory(tmp_path: Pa
     assert explored["ok"] and explored["model"]
     example = venv.glob("lib/python*/site-packages/machine/_specs/examples/"
                         "multi-turn-with-injection.jsonl")
-    assert ": OK (33 events, 2 turns)" in _run([turnstile, "log", "validate", str(next(example))],
+    assert ": OK (37 events, 2 turns)" in _run([turnstile, "log", "validate", str(next(example))],
                                                cwd=empty, env=env)
     no_extra = subprocess.run([python, "-c", "import machine.testing"], cwd=empty, env=env,
                               capture_output=True, text=True, timeout=120)
