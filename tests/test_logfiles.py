@@ -104,7 +104,7 @@ def test_json_reports_one_object_per_file(capsys: pytest.CaptureFixture[str],
                           "turns": 2, "openTurn": None,
                           "message": f"{good}: OK (37 events, 2 turns)"}
     assert reports[1]["verdict"] == "invalid"
-    assert reports[1]["problem"] == {"line": 17, "seq": 16, "rule": "L6",
+    assert reports[1]["problem"] == {"line": 19, "seq": 18, "rule": "L6",
                                      "detail": "assistant/chunk is outside any open turn"}
     assert reports[2]["problem"]["line"] == 6 and reports[2]["verdict"] == "invalid"
     assert reports[3] == {"file": missing, "verdict": "unreadable",
