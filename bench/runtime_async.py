@@ -25,12 +25,12 @@ QUICK_SIZES = (10, 30)
 
 
 class NullStore:
-    """A session store that keeps nothing ("no persistence")."""
+    """A session sink that keeps nothing ("no persistence")."""
 
     def append(self, event: Event) -> None:
         pass
 
-    async def flush(self) -> None:
+    def flush(self) -> None:
         pass
 
 
@@ -59,7 +59,7 @@ async def _echo(call: ToolCall) -> str:
 
 def build_agent(workload: str) -> Agent:
     tools = [Tool("echo", _echo)] if workload == "W2" else []
-    agent = Agent(BenchModel(workload), tools=tools, store=NullStore())
+    agent = Agent(BenchModel(workload), tools=tools, sink=NullStore())
     if workload == "W3":
         async def step_hook(context: StepContext) -> None:
             if context.step == 1:
