@@ -8,6 +8,7 @@ Live notifications (rule E3) are not durable; they carry a type and a payload.
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -159,7 +160,7 @@ class Event:
         `TurnEndData`; `ExtensionData` for an extension type. Decoded at each access."""
         return durable_view(self.type, self.data)
 
-    def data_as(self, view: type[V]) -> V:
+    def data_as(self, view: builtins.type[V]) -> V:
         """The data as *view* (``event.data_as(TurnEndData).reason``); `ValidationError` if
         this event is of another type."""
         return view_as(view, self.type, self.data, "data")
@@ -320,7 +321,7 @@ class LiveEvent:
         e.g. `SettledData`. Decoded at each access."""
         return live_view(self.type, self.payload)
 
-    def payload_as(self, view: type[V]) -> V:
+    def payload_as(self, view: builtins.type[V]) -> V:
         """The payload as *view* (``notice.payload_as(SettledData).reason``);
         `ValidationError` if this notification is of another type."""
         return view_as(view, self.type, self.payload, "payload")

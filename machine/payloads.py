@@ -583,7 +583,7 @@ def view_as(expected: type[V], type_: str, data: FrozenDict, what: str) -> V:
     if wanted != type_:
         raise ValidationError(what, f"a {type_!r} {'event' if what == 'data' else 'notice'} "
                               f"has no {expected.__name__} (that view reads {wanted!r})")
-    view = expected.from_data(data, what)  # type: ignore[union-attr]
+    view = expected.from_data(data, what)
     assert isinstance(view, expected)
     return view
 
