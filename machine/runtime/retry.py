@@ -150,9 +150,10 @@ class RetryPolicy:
 
 
 async def sleep_unless_aborted(seconds: float, signal: Signal) -> bool:
-    """Wait *seconds*, or less if *signal* is aborted first; True when the full wait passed."""
-    if signal.aborted:
-        return False
+    """Wait *seconds*, or less if *signal* is aborted first; True when the full wait passed
+    (no wait at all, nor an event loop, for 0 seconds)."""
+    if signal.aborted or seconds <= 0:
+        return not signal.aborted
     loop = asyncio.get_running_loop()
     woken: asyncio.Future[None] = loop.create_future()
 
