@@ -12,7 +12,8 @@ It is the worked example of the runtime, end to end:
 * a line typed at the prompt is a follow-up; typed while the model is working it
   is **steering** (it reaches the model at the next step of the same turn);
   ``/inject TEXT`` injects context (appended at once when idle, staged for the
-  next step while a turn runs); ``/quit`` or end of input leaves;
+  next step while a turn runs); ``/quit`` leaves at once, end of input once
+  the agent is idle;
 * Ctrl-C **cancels** the running turn (``agent.cancel()``); at the prompt it only
   says how to leave.
 """
@@ -87,8 +88,9 @@ def open_agent(args: argparse.Namespace) -> tuple[Agent, str]:
                              system=args.system)
         report = agent.load_report
         repaired = "" if report is None or report.clean else " (repaired: see the warning)"
+        turns = agent.session.last_turn
         return agent, (f"resumed {path}: {len(agent.session)} events, "
-                       f"{agent.session.last_turn} turns{repaired}")
+                       f"{turns} turn{'' if turns == 1 else 's'}{repaired}")
     if path.exists():
         raise ChatError(f"{path} exists: pass --resume to continue it")
     return (Agent.resume(store, session_id, model, create=True, tools=TOOLS, system=args.system),
@@ -108,6 +110,7 @@ class Console:
         agent.on("turn/end", self.turn_end)
         agent.on("agent/error", self.error)
         agent.on("agent/status", self.status)
+        agent.on("agent/inbox/enqueue", self.enqueued)
 
     def write(self, text: str) -> None:
         self.out.write(text)
@@ -144,6 +147,10 @@ class Console:
     def error(self, notice: LiveEvent) -> None:
         self.say(f"[error] {notice.payload_as(AgentErrorData).error.rendered()}")
 
+    def enqueued(self, notice: LiveEvent) -> None:
+        if notice.payload.get("placement") == "steering":
+            self.say("[steering accepted: the model sees it at its next step]")
+
     def status(self, notice: LiveEvent) -> None:
         if notice.payload.get("status") == "idle":
             self.write(PROMPT)
@@ -178,9 +185,13 @@ async def run_chat(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> i
     console.write(f"turnstile chat: {args.model} at {args.base_url}; {where}\n{HELP}\n{PROMPT}")
     try:
         async with agent:
-            while (line := await lines.get()) is not None:
-                if line.strip() in ("/quit", "/exit"):
+            while True:
+                line = await lines.get()
+                if line is None:                # end of input: finish what was asked first
+                    await agent.when_idle()
                     break
+                if line.strip() in ("/quit", "/exit"):
+                    break                       # leaving now cancels a running turn
                 if line.startswith("/inject "):
                     agent.inject(user_message(f"chat-{len(agent.session)}", line[8:],
                                               plugin_source("chat")))
