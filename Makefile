@@ -30,7 +30,7 @@ lint: $(STAMP_DEV)
 	$(BIN)/python -m ruff check .
 
 typecheck: $(STAMP_DEV)
-	$(BIN)/python -m mypy --strict machine model
+	$(BIN)/python -m mypy --strict machine model tests/typed_usage.py
 
 pytest: $(STAMP_DEV)
 	$(BIN)/python -m pytest
