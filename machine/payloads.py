@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, Final, TypeAlias, TypeVar
+from typing import ClassVar, Final, Self, TypeAlias, TypeVar
 
 from machine.errors import ValidationError
 from machine.jsonvalue import Frozen, FrozenDict, FrozenList
@@ -147,29 +147,27 @@ class TurnEndData:
 
 
 @dataclass(frozen=True, slots=True)
-class StepStartData:
-    """``step/start {turn, step}``."""
-
-    TYPE: ClassVar[str] = "step/start"
+class _TurnStep:
     turn: int
     step: int
 
     @classmethod
-    def from_data(cls, data: FrozenDict, where: str = "data") -> StepStartData:
+    def from_data(cls, data: FrozenDict, where: str = "data") -> Self:
         return cls(_int(data, "turn", where), _int(data, "step", where))
 
 
 @dataclass(frozen=True, slots=True)
-class StepEndData:
+class StepStartData(_TurnStep):
+    """``step/start {turn, step}``."""
+
+    TYPE: ClassVar[str] = "step/start"
+
+
+@dataclass(frozen=True, slots=True)
+class StepEndData(_TurnStep):
     """``step/end {turn, step}``."""
 
     TYPE: ClassVar[str] = "step/end"
-    turn: int
-    step: int
-
-    @classmethod
-    def from_data(cls, data: FrozenDict, where: str = "data") -> StepEndData:
-        return cls(_int(data, "turn", where), _int(data, "step", where))
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,6 +318,18 @@ class TodoWriteData:
         return cls(todos)
 
 
+def header_config(header: FrozenDict) -> FrozenDict:
+    """A request header's ``config`` (P13; empty if it has none)."""
+    config = header.get("config")
+    return config if isinstance(config, FrozenDict) else FrozenDict()
+
+
+def header_tools(header: FrozenDict) -> FrozenList:
+    """A request header's ``tools`` (empty if it has none)."""
+    tools = header.get("tools")
+    return tools if isinstance(tools, FrozenList) else FrozenList()
+
+
 @dataclass(frozen=True, slots=True)
 class RequestHeaderData:
     """``request/header {header: {config, system?, tools?}, reason}`` (reason ``initial``,
@@ -331,8 +341,7 @@ class RequestHeaderData:
 
     @property
     def config(self) -> FrozenDict:
-        config = self.header.get("config")
-        return config if isinstance(config, FrozenDict) else FrozenDict()
+        return header_config(self.header)
 
     @property
     def system(self) -> Frozen:
@@ -340,8 +349,7 @@ class RequestHeaderData:
 
     @property
     def tools(self) -> FrozenList:
-        tools = self.header.get("tools")
-        return tools if isinstance(tools, FrozenList) else FrozenList()
+        return header_tools(self.header)
 
     @classmethod
     def from_data(cls, data: FrozenDict, where: str = "data") -> RequestHeaderData:
@@ -381,55 +389,51 @@ class StatusData:
 
 
 @dataclass(frozen=True, slots=True)
-class InboxEnqueueData:
+class _Placed:
+    message: Message
+    placement: str
+
+    @classmethod
+    def from_data(cls, data: FrozenDict, where: str = "payload") -> Self:
+        return cls(Message.from_json(_field(data, "message", where), f"{where}.message"),
+                   _str(data, "placement", where))
+
+
+@dataclass(frozen=True, slots=True)
+class InboxEnqueueData(_Placed):
     """``agent/inbox/enqueue {message, placement}`` (``queued`` or ``steering``)."""
 
     TYPE: ClassVar[str] = "agent/inbox/enqueue"
-    message: Message
-    placement: str
-
-    @classmethod
-    def from_data(cls, data: FrozenDict, where: str = "payload") -> InboxEnqueueData:
-        return cls(Message.from_json(_field(data, "message", where), f"{where}.message"),
-                   _str(data, "placement", where))
 
 
 @dataclass(frozen=True, slots=True)
-class InboxDequeueData:
+class InboxDequeueData(_Placed):
     """``agent/inbox/dequeue {message, placement}``."""
 
     TYPE: ClassVar[str] = "agent/inbox/dequeue"
-    message: Message
-    placement: str
-
-    @classmethod
-    def from_data(cls, data: FrozenDict, where: str = "payload") -> InboxDequeueData:
-        return cls(Message.from_json(_field(data, "message", where), f"{where}.message"),
-                   _str(data, "placement", where))
 
 
 @dataclass(frozen=True, slots=True)
-class InboxDiscardData:
+class _Discarded:
+    messages: tuple[Message, ...]
+
+    @classmethod
+    def from_data(cls, data: FrozenDict, where: str = "payload") -> Self:
+        return cls(_messages(data, "messages", where))
+
+
+@dataclass(frozen=True, slots=True)
+class InboxDiscardData(_Discarded):
     """``agent/inbox/discard {messages}``: queued items, then steering items, each FIFO."""
 
     TYPE: ClassVar[str] = "agent/inbox/discard"
-    messages: tuple[Message, ...]
-
-    @classmethod
-    def from_data(cls, data: FrozenDict, where: str = "payload") -> InboxDiscardData:
-        return cls(_messages(data, "messages", where))
 
 
 @dataclass(frozen=True, slots=True)
-class ContextDiscardData:
+class ContextDiscardData(_Discarded):
     """``agent/context/discard {messages}``: dropped staged context, FIFO."""
 
     TYPE: ClassVar[str] = "agent/context/discard"
-    messages: tuple[Message, ...]
-
-    @classmethod
-    def from_data(cls, data: FrozenDict, where: str = "payload") -> ContextDiscardData:
-        return cls(_messages(data, "messages", where))
 
 
 @dataclass(frozen=True, slots=True)
@@ -512,36 +516,31 @@ class AgentCreatedData:
 
 
 @dataclass(frozen=True, slots=True)
-class AgentDisposedData:
+class _Bare:
+    @classmethod
+    def from_data(cls, data: FrozenDict, where: str = "payload") -> Self:
+        return cls()
+
+
+@dataclass(frozen=True, slots=True)
+class AgentDisposedData(_Bare):
     """``agent/disposed`` (no payload)."""
 
     TYPE: ClassVar[str] = "agent/disposed"
 
-    @classmethod
-    def from_data(cls, data: FrozenDict, where: str = "payload") -> AgentDisposedData:
-        return cls()
-
 
 @dataclass(frozen=True, slots=True)
-class SessionCreatedData:
+class SessionCreatedData(_Bare):
     """``session/created`` (no payload)."""
 
     TYPE: ClassVar[str] = "session/created"
 
-    @classmethod
-    def from_data(cls, data: FrozenDict, where: str = "payload") -> SessionCreatedData:
-        return cls()
-
 
 @dataclass(frozen=True, slots=True)
-class SessionDisposedData:
+class SessionDisposedData(_Bare):
     """``session/disposed`` (no payload)."""
 
     TYPE: ClassVar[str] = "session/disposed"
-
-    @classmethod
-    def from_data(cls, data: FrozenDict, where: str = "payload") -> SessionDisposedData:
-        return cls()
 
 
 LiveData: TypeAlias = (StatusData | InboxEnqueueData | InboxDequeueData | InboxDiscardData

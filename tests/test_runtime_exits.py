@@ -34,6 +34,15 @@ def _tool_model() -> ScriptedModel:
     return ScriptedModel([calls_reply(("c1", "boom", "{}")), text_reply("after")])
 
 
+async def _tool_running(agent: Agent) -> None:
+    """Prompt *agent* and return once its tool body has started."""
+    started = asyncio.Event()
+    agent.on("tool/call", lambda e: started.set())
+    agent.followup("go")
+    await asyncio.wait_for(started.wait(), 30)
+    await asyncio.sleep(0)                          # the body's task has begun
+
+
 def _reasons(events: list[Event]) -> list[str]:
     return [e.data_as(TurnEndData).reason.kind for e in events if e.type == "turn/end"]
 
@@ -160,11 +169,7 @@ def test_RT18_an_exit_from_an_abort_listener_lets_every_abort_listener_run() -> 
         agent = Agent(ScriptedModel([calls_reply(("c1", "wait", "{}"))]),
                       tools=[Tool("wait", waits)])
         async with agent:
-            started = asyncio.Event()
-            agent.on("tool/call", lambda e: started.set())
-            agent.followup("go")
-            await asyncio.wait_for(started.wait(), 30)
-            await asyncio.sleep(0)
+            await _tool_running(agent)
             with pytest.raises(SystemExit):
                 agent.cancel()
             await agent.when_idle(timeout=30)
@@ -185,11 +190,7 @@ def test_RT18_a_task_cancelled_from_outside_fails_its_effect_with_cancelled() ->
         agent = Agent(ScriptedModel([calls_reply(("c1", "slow", "{}")), text_reply("x")]),
                       tools=[Tool("slow", slow)])
         async with agent:
-            started = asyncio.Event()
-            agent.on("tool/call", lambda e: started.set())
-            agent.followup("go")
-            await asyncio.wait_for(started.wait(), 30)
-            await asyncio.sleep(0)
+            await _tool_running(agent)
             tasks = [t for t in asyncio.all_tasks() if "tool-execute" in t.get_name()]
             assert len(tasks) == 1
             tasks[0].cancel()                       # a host cancels the work

@@ -37,39 +37,37 @@ The same mapping as the OpenAI-compatible adapter, in the Messages API's terms:
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from machine.errors import ValidationError
-from machine.jsonvalue import Frozen, FrozenDict, FrozenList, thaw
+from machine.jsonvalue import Frozen, FrozenDict, FrozenList
 from machine.runtime.adapters.common import (
-    CONTENT_FILTERED,
     MISSING_RESULT,
-    STREAM_INTERRUPTED,
     Aborted,
     Labeller,
+    SdkErrors,
+    adapter_options,
     block_json,
-    closing_chunks,
     context_label,
-    http_failure,
+    finish_chunks,
     label_text,
     missing_result_ids,
     parse_arguments,
     race_abort,
-    stream_failure,
+    request_options,
+    sdk_failure,
     system_text,
     text_of,
     tool_specs,
     until_aborted,
     usage,
 )
-from machine.runtime.failures import ModelFailure
+from machine.runtime.adapters.common import api_key as api_key_for
 from machine.runtime.hooks import JsonValue
 from machine.runtime.model import Chunk, ModelCall
 from machine.runtime.retry import RetryPolicy
-from machine.vocabulary import LlmFailure, Message
+from machine.vocabulary import Message
 
 try:
     import anthropic
@@ -85,7 +83,9 @@ SIGNATURE: Final = "anthropic/signature"
 REDACTED_THINKING: Final = "anthropic/redacted-thinking"
 #: Request fields the adapter sets itself.
 RESERVED_OPTIONS: Final = frozenset({"messages", "stream", "system", "tools"})
-_NO_KEY: Final = "no-key"
+#: The SDK's exception classes, for the failure classification.
+ERRORS: Final = SdkErrors(anthropic.APIStatusError, anthropic.APIError,
+                          anthropic.APITimeoutError, anthropic.APIConnectionError)
 _FINISH: Final = {"end_turn": "stop", "tool_use": "stop", "stop_sequence": "stop",
                   "pause_turn": "stop", "max_tokens": "max-tokens",
                   "model_context_window_exceeded": "max-tokens"}
@@ -115,27 +115,15 @@ class AnthropicMessages:
                  options: Mapping[str, JsonValue] | None = None,
                  retry_policy: RetryPolicy | None = None,
                  label: Labeller | None = context_label) -> None:
-        if not isinstance(model, str) or not model:
-            raise ValidationError("model", "must be a non-empty string")
-        if not isinstance(provider, str) or not provider:
-            raise ValidationError("provider", "must be a non-empty string")
-        reserved = (RESERVED_OPTIONS | {"provider", "model"}).intersection(options or {})
-        if reserved:
-            raise ValidationError("options", f"{', '.join(sorted(reserved))} may not be set as "
-                                  "request options (the adapter sets them)")
+        self.options = {"max_tokens": 4096,
+                        **adapter_options(model, provider, options, RESERVED_OPTIONS)}
         self.model = model
         self.provider = provider
         if client is None:
-            if api_key is None:
-                api_key = os.environ.get("ANTHROPIC_API_KEY")
-            if api_key is None:
-                if base_url is None:
-                    raise ValidationError("api_key", "is required (or set ANTHROPIC_API_KEY)")
-                api_key = _NO_KEY
-            client = anthropic.AsyncAnthropic(base_url=base_url, api_key=api_key,
-                                              timeout=timeout, max_retries=0)
+            client = anthropic.AsyncAnthropic(
+                base_url=base_url, api_key=api_key_for(api_key, "ANTHROPIC_API_KEY", base_url),
+                timeout=timeout, max_retries=0)
         self.client = client
-        self.options: dict[str, JsonValue] = {"max_tokens": 4096, **(options or {})}
         self.retry_policy = retry_policy if retry_policy is not None else RetryPolicy()
         self.label = label
 
@@ -147,12 +135,7 @@ class AnthropicMessages:
     def request(self, call: ModelCall) -> dict[str, Any]:
         """The request body (without ``stream``) for *call*."""
         config = call.config
-        options = {key: thaw(value) for key, value in config.items()
-                   if key not in ("provider", "model")}
-        reserved = RESERVED_OPTIONS.intersection(options)
-        if reserved:
-            raise ValidationError("config", f"{', '.join(sorted(reserved))} may not be set as "
-                                  "request options (the adapter sets them)")
+        options = request_options(config, RESERVED_OPTIONS)
         body: dict[str, Any] = {"model": str(config.get("model") or self.model),
                                 "max_tokens": options.pop("max_tokens", 4096),
                                 "messages": to_anthropic_messages(call.messages,
@@ -171,23 +154,16 @@ class AnthropicMessages:
         body = self.request(call)
         extra = {key: body.pop(key) for key in list(body)
                  if key not in ("model", "max_tokens", "messages", "system", "tools")}
-        try:
-            stream = await race_abort(self.client.messages.create(
-                stream=True, extra_body=extra or None, **body), call.signal)
-        except Aborted:
-            yield {"type": "finish", "kind": "aborted"}
-            return
-        except anthropic.APIStatusError as error:
-            raise self._status_failure(error) from None
-        except anthropic.APIError as error:
-            raise self._api_failure(error, streamed=False) from None
         blocks: dict[int, _Block] = {}
         stop: str | None = None
         finished = False
         tokens: dict[str, int | None] = {}
         received = False
+        stream: anthropic.AsyncStream[Any] | None = None
         try:
-            async with contextlib.aclosing(until_aborted(aiter(stream), call.signal)) as events:
+            stream = opened = await race_abort(self.client.messages.create(
+                stream=True, extra_body=extra or None, **body), call.signal)
+            async with contextlib.aclosing(until_aborted(aiter(opened), call.signal)) as events:
                 async for event in events:
                     received = True
                     kind = event.type
@@ -239,52 +215,20 @@ class AnthropicMessages:
         except Aborted:
             yield {"type": "finish", "kind": "aborted"}
             return
-        except anthropic.APIStatusError as error:
-            raise self._status_failure(error) from None
-        except anthropic.APIError as error:
-            raise self._api_failure(error, streamed=received) from None
         except Exception as error:
-            failure = stream_failure(self.provider, error, streamed=received)
+            failure = sdk_failure(self.provider, error, ERRORS, streamed=received)
             if failure is None:
                 raise
             raise failure from None
         finally:
-            await stream.close()
+            if stream is not None:
+                await stream.close()
         figures_out = usage(tokens.get("input"), tokens.get("output"),
                             cached_input_tokens=tokens.get("cache_read"),
                             cache_write_input_tokens=tokens.get("cache_write"))
-        for chunk in self._closing(stop if finished else None, figures_out):
+        for chunk in finish_chunks(self.provider, stop if finished else None, figures_out,
+                                   _FINISH, "refusal"):
             yield chunk
-
-    def _closing(self, stop: str | None, figures: dict[str, int] | None) -> list[Chunk]:
-        if stop is None:
-            raise ModelFailure(f"{self.provider}: the stream ended before message_stop",
-                               STREAM_INTERRUPTED)
-        kind = _FINISH.get(stop)
-        if kind is not None:
-            return closing_chunks(kind, figures)
-        code = CONTENT_FILTERED if stop == "refusal" else "UNKNOWN_FINISH"
-        return closing_chunks("error", figures, LlmFailure(
-            f"{self.provider}: the response stopped ({stop})", code))
-
-    def _status_failure(self, error: anthropic.APIStatusError) -> ModelFailure:
-        headers = getattr(error.response, "headers", None)
-        return http_failure(self.provider, error.status_code, error.message, body=error.body,
-                            headers=dict(headers) if headers is not None else None,
-                            request_id=getattr(error, "request_id", None))
-
-    def _api_failure(self, error: anthropic.APIError, *, streamed: bool) -> ModelFailure:
-        if isinstance(error, anthropic.APITimeoutError):
-            return ModelFailure(f"{self.provider}: the request timed out", "TIMEOUT")
-        if isinstance(error, anthropic.APIConnectionError):
-            cause = error.__cause__
-            detail = f": {cause}" if cause is not None else ""
-            if streamed:
-                return ModelFailure(f"{self.provider}: the stream was cut off{detail}",
-                                    STREAM_INTERRUPTED)
-            return ModelFailure(f"{self.provider}: connection failed{detail}", "NETWORK_ERROR")
-        return http_failure(self.provider, None, error.message, body=error.body)
-
 
 # --------------------------------------------------------------------------
 # Mapping

@@ -9,13 +9,17 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import os
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
+from machine.errors import ValidationError
 from machine.jsonvalue import Frozen, FrozenDict, FrozenList, thaw
 from machine.runtime.failures import ModelFailure
+from machine.runtime.hooks import JsonValue
 from machine.runtime.model import Chunk
 from machine.runtime.signal import Signal
 from machine.vocabulary import LlmFailure, Message
@@ -156,6 +160,99 @@ def is_transport_error(exc: BaseException) -> bool:
     module = type(exc).__module__.split(".")[0]
     return module.startswith(("httpx", "httpcore", "h11", "anyio")) or isinstance(
         exc, (ConnectionError, asyncio.IncompleteReadError))
+
+
+@dataclass(frozen=True, slots=True)
+class SdkErrors:
+    """An SDK's exception classes (``openai`` and ``anthropic`` share their shapes)."""
+
+    status: type[Exception]          # APIStatusError: status_code, message, body, response
+    api: type[Exception]             # APIError: message, body
+    timeout: type[Exception]         # APITimeoutError
+    connection: type[Exception]      # APIConnectionError
+
+
+def sdk_failure(provider: str, error: Exception, errors: SdkErrors, *, streamed: bool
+                ) -> ModelFailure | None:
+    """The `ModelFailure` for what a request or its stream raised (*streamed*: after the
+    first event), or None when it is not a provider failure (then it is a bug: a generic
+    failure of the turn)."""
+    if isinstance(error, errors.status):
+        headers = getattr(getattr(error, "response", None), "headers", None)
+        return http_failure(provider, getattr(error, "status_code", None),
+                            str(getattr(error, "message", error)), body=getattr(error, "body", None),
+                            headers=dict(headers) if headers is not None else None,
+                            request_id=getattr(error, "request_id", None))
+    if isinstance(error, errors.timeout):
+        return ModelFailure(f"{provider}: the request timed out", TIMEOUT)
+    if isinstance(error, errors.connection):
+        cause = error.__cause__
+        detail = f": {cause}" if cause is not None else ""
+        if streamed:
+            return ModelFailure(f"{provider}: the stream was cut off{detail}", STREAM_INTERRUPTED)
+        return ModelFailure(f"{provider}: connection failed{detail}", NETWORK_ERROR)
+    if isinstance(error, errors.api):
+        return http_failure(provider, None, str(getattr(error, "message", error)),
+                            body=getattr(error, "body", None))
+    return stream_failure(provider, error, streamed=streamed)
+
+
+def finish_chunks(provider: str, reason: str | None, figures: Mapping[str, int] | None,
+                  kinds: Mapping[str, str], filtered: str) -> list[Chunk]:
+    """The closing chunks for the provider's stop *reason* (None: the stream ended without
+    one, a `STREAM_INTERRUPTED` failure): its finish kind in *kinds*, an ``error`` finish
+    with `CONTENT_FILTERED` for *filtered*, ``UNKNOWN_FINISH`` for any other reason."""
+    if reason is None:
+        raise ModelFailure(f"{provider}: the stream ended without its finish", STREAM_INTERRUPTED)
+    kind = kinds.get(reason)
+    if kind is not None:
+        return closing_chunks(kind, figures)
+    code = CONTENT_FILTERED if reason == filtered else "UNKNOWN_FINISH"
+    return closing_chunks("error", figures, LlmFailure(
+        f"{provider}: the response stopped ({reason})", code))
+
+
+def adapter_options(model: str, provider: str, options: Mapping[str, JsonValue] | None,
+                    reserved: frozenset[str]) -> dict[str, JsonValue]:
+    """Check an adapter's names and options (`ValidationError`); the options as a dict."""
+    if not isinstance(model, str) or not model:
+        raise ValidationError("model", "must be a non-empty string")
+    if not isinstance(provider, str) or not provider:
+        raise ValidationError("provider", "must be a non-empty string")
+    out = dict(options or {})
+    refuse_reserved(out, reserved | {"provider", "model"}, "options")
+    return out
+
+
+def request_options(config: FrozenDict, reserved: frozenset[str]) -> dict[str, Any]:
+    """The request options of a header's config — everything but ``provider`` and
+    ``model`` — as plain JSON; `ValidationError` for an option the adapter sets itself."""
+    options = {key: thaw(value) for key, value in config.items()
+               if key not in ("provider", "model")}
+    refuse_reserved(options, reserved, "config")
+    return options
+
+
+def refuse_reserved(options: Mapping[str, object], reserved: frozenset[str], where: str) -> None:
+    clash = reserved.intersection(options)
+    if clash:
+        raise ValidationError(where, f"{', '.join(sorted(clash))} may not be set as request "
+                              "options (the adapter sets them)")
+
+
+def api_key(given: str | None, variable: str, base_url: str | None) -> str:
+    """The key to use: *given*, else the environment *variable*, else — for a *base_url*,
+    a local server that may want none — the placeholder `NO_KEY`."""
+    key = given if given is not None else os.environ.get(variable)
+    if key is not None:
+        return key
+    if base_url is None:
+        raise ValidationError("api_key", f"is required (or set {variable})")
+    return NO_KEY
+
+
+#: The key sent to a *base_url* when none is given (local servers ignore it; the SDKs need one).
+NO_KEY: Final = "no-key"
 
 
 def stream_failure(provider: str, exc: BaseException, *, streamed: bool) -> ModelFailure | None:

@@ -43,38 +43,37 @@ pending request or read and closes the connection.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from machine.errors import ValidationError
-from machine.jsonvalue import Frozen, FrozenDict, thaw
+from machine.jsonvalue import Frozen, FrozenDict
 from machine.runtime.adapters.common import (
-    CONTENT_FILTERED,
     MISSING_RESULT,
-    STREAM_INTERRUPTED,
+    NO_KEY,
     Aborted,
     Labeller,
+    SdkErrors,
+    adapter_options,
     block_json,
-    closing_chunks,
     context_label,
-    http_failure,
+    finish_chunks,
     label_text,
     missing_result_ids,
     race_abort,
-    stream_failure,
+    request_options,
+    sdk_failure,
     system_text,
     text_of,
     tool_specs,
     until_aborted,
     usage,
 )
-from machine.runtime.failures import ModelFailure
+from machine.runtime.adapters.common import api_key as api_key_for
 from machine.runtime.hooks import JsonValue
 from machine.runtime.model import Chunk, ModelCall
 from machine.runtime.retry import RetryPolicy
-from machine.vocabulary import LlmFailure, Message
+from machine.vocabulary import Message
 
 try:
     import openai
@@ -84,8 +83,9 @@ except ImportError as missing:                # pragma: no cover - the extra is 
 
 __all__ = ["NO_KEY", "RESERVED_OPTIONS", "OpenAIChat", "to_openai_messages", "to_openai_tools"]
 
-#: The key sent to a *base_url* when none is given (local servers ignore it; the SDK needs one).
-NO_KEY: Final = "no-key"
+#: The SDK's exception classes, for the failure classification.
+ERRORS: Final = SdkErrors(openai.APIStatusError, openai.APIError, openai.APITimeoutError,
+                          openai.APIConnectionError)
 #: Request fields the adapter sets itself; a config option of these names is refused.
 RESERVED_OPTIONS: Final = frozenset({"messages", "stream", "stream_options", "tools"})
 _FINISH: Final = {"stop": "stop", "tool_calls": "stop", "function_call": "stop",
@@ -122,28 +122,14 @@ class OpenAIChat:
                  options: Mapping[str, JsonValue] | None = None,
                  retry_policy: RetryPolicy | None = None, send_reasoning: bool = False,
                  label: Labeller | None = context_label, include_usage: bool = True) -> None:
-        if not isinstance(model, str) or not model:
-            raise ValidationError("model", "must be a non-empty string")
-        if not isinstance(provider, str) or not provider:
-            raise ValidationError("provider", "must be a non-empty string")
-        reserved = RESERVED_OPTIONS.intersection(options or {}) | (
-            {"provider", "model"} & set(options or {}))
-        if reserved:
-            raise ValidationError("options", f"{', '.join(sorted(reserved))} may not be set as "
-                                  "request options (the adapter sets them)")
+        self.options = adapter_options(model, provider, options, RESERVED_OPTIONS)
         self.model = model
         self.provider = provider
         if client is None:
-            if api_key is None:
-                api_key = os.environ.get("OPENAI_API_KEY")
-            if api_key is None:
-                if base_url is None:
-                    raise ValidationError("api_key", "is required (or set OPENAI_API_KEY)")
-                api_key = NO_KEY            # a local server that wants none: a placeholder
-            client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout,
-                                        max_retries=0)
+            client = openai.AsyncOpenAI(base_url=base_url,
+                                        api_key=api_key_for(api_key, "OPENAI_API_KEY", base_url),
+                                        timeout=timeout, max_retries=0)
         self.client = client
-        self.options: dict[str, JsonValue] = dict(options or {})
         self.retry_policy = retry_policy if retry_policy is not None else RetryPolicy()
         self.send_reasoning = send_reasoning
         self.label = label
@@ -157,12 +143,7 @@ class OpenAIChat:
     def request(self, call: ModelCall) -> dict[str, Any]:
         """The request body (without ``stream``) for *call*."""
         config = call.config
-        options = {key: thaw(value) for key, value in config.items()
-                   if key not in ("provider", "model")}
-        reserved = RESERVED_OPTIONS.intersection(options)
-        if reserved:
-            raise ValidationError("config", f"{', '.join(sorted(reserved))} may not be set as "
-                                  "request options (the adapter sets them)")
+        options = request_options(config, RESERVED_OPTIONS)
         body: dict[str, Any] = {
             "model": str(config.get("model") or self.model),
             "messages": to_openai_messages(call.messages, system=system_text(call.system),
@@ -181,22 +162,15 @@ class OpenAIChat:
         body = self.request(call)
         extra = {key: body.pop(key) for key in list(body)
                  if key not in ("model", "messages", "tools", "stream_options")}
-        try:
-            stream = await race_abort(self.client.chat.completions.create(
-                stream=True, extra_body=extra or None, **body), call.signal)
-        except Aborted:
-            yield {"type": "finish", "kind": "aborted"}
-            return
-        except openai.APIStatusError as error:
-            raise self._status_failure(error) from None
-        except openai.APIError as error:
-            raise self._api_failure(error, streamed=False) from None
         calls: dict[int, _PendingCall] = {}
         finish: str | None = None
         figures: dict[str, int] | None = None
         received = False
+        stream: openai.AsyncStream[Any] | None = None
         try:
-            async with contextlib.aclosing(until_aborted(aiter(stream), call.signal)) as chunks:
+            stream = opened = await race_abort(self.client.chat.completions.create(
+                stream=True, extra_body=extra or None, **body), call.signal)
+            async with contextlib.aclosing(until_aborted(aiter(opened), call.signal)) as chunks:
                 async for chunk in chunks:
                     received = True
                     if chunk.usage is not None:
@@ -224,55 +198,20 @@ class OpenAIChat:
         except Aborted:
             yield {"type": "finish", "kind": "aborted"}
             return
-        except openai.APIStatusError as error:
-            raise self._status_failure(error) from None
-        except openai.APIError as error:
-            raise self._api_failure(error, streamed=received) from None
         except Exception as error:
-            failure = stream_failure(self.provider, error, streamed=received)
+            failure = sdk_failure(self.provider, error, ERRORS, streamed=received)
             if failure is None:
                 raise
             raise failure from None
         finally:
-            await stream.close()
+            if stream is not None:
+                await stream.close()
         for index in sorted(calls):
             pending = calls[index]
             yield {"type": "tool-call", "id": pending.id or f"call-{call.turn}-{call.step}-{index}",
                    "name": pending.name, "arguments": "".join(pending.arguments)}
-        for chunk in self._closing(finish, figures):
+        for chunk in finish_chunks(self.provider, finish, figures, _FINISH, "content_filter"):
             yield chunk
-
-    # -- the end of the stream and its failures ---------------------------------
-
-    def _closing(self, finish: str | None, figures: dict[str, int] | None) -> list[Chunk]:
-        if finish is None:
-            raise ModelFailure(f"{self.provider}: the stream ended without a finish reason",
-                               STREAM_INTERRUPTED)
-        kind = _FINISH.get(finish)
-        if kind is not None:
-            return closing_chunks(kind, figures)
-        code = CONTENT_FILTERED if finish == "content_filter" else "UNKNOWN_FINISH"
-        return closing_chunks("error", figures, LlmFailure(
-            f"{self.provider}: the response stopped ({finish})", code))
-
-    def _status_failure(self, error: openai.APIStatusError) -> ModelFailure:
-        headers = getattr(error.response, "headers", None)
-        return http_failure(self.provider, error.status_code, error.message, body=error.body,
-                            headers=dict(headers) if headers is not None else None,
-                            request_id=getattr(error, "request_id", None))
-
-    def _api_failure(self, error: openai.APIError, *, streamed: bool) -> ModelFailure:
-        if isinstance(error, openai.APITimeoutError):
-            return ModelFailure(f"{self.provider}: the request timed out", "TIMEOUT")
-        if isinstance(error, openai.APIConnectionError):
-            cause = error.__cause__
-            detail = f": {cause}" if cause is not None else ""
-            if streamed:
-                return ModelFailure(f"{self.provider}: the stream was cut off{detail}",
-                                    STREAM_INTERRUPTED)
-            return ModelFailure(f"{self.provider}: connection failed{detail}", "NETWORK_ERROR")
-        return http_failure(self.provider, None, error.message, body=error.body)
-
 
 # --------------------------------------------------------------------------
 # Mapping
