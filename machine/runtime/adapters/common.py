@@ -26,11 +26,14 @@ from machine.vocabulary import LlmFailure, Message
 
 __all__ = [
     "AUTHENTICATION_FAILED", "BAD_REQUEST", "CONTENT_FILTERED", "CONTEXT_LENGTH_EXCEEDED",
-    "MALFORMED_RESPONSE", "NETWORK_ERROR", "NOT_FOUND", "OVERLOADED", "PERMISSION_DENIED",
-    "PROVIDER_ERROR", "QUOTA_EXCEEDED", "RATE_LIMITED", "REQUEST_TOO_LARGE", "SERVER_ERROR",
-    "STREAM_INTERRUPTED", "TIMEOUT", "Aborted", "classify_status", "closing_chunks",
-    "context_label", "http_failure", "is_transport_error", "missing_result_ids",
-    "retry_after_ms", "text_of", "until_aborted", "usage",
+    "MALFORMED_RESPONSE", "MISSING_RESULT", "NETWORK_ERROR", "NOT_FOUND", "NO_KEY", "OVERLOADED",
+    "PERMISSION_DENIED", "PROVIDER_ERROR", "QUOTA_EXCEEDED", "RATE_LIMITED", "REQUEST_TOO_LARGE",
+    "SERVER_ERROR", "STREAM_INTERRUPTED", "TIMEOUT", "Aborted", "Labeller", "SdkErrors",
+    "adapter_options", "api_key", "block_json", "classify_status", "closing_chunks",
+    "context_label", "finish_chunks", "http_failure", "is_transport_error", "label_text",
+    "missing_result_ids", "parse_arguments", "race_abort", "refuse_reserved", "request_options",
+    "retry_after_ms", "sdk_failure", "stream_failure", "system_text", "text_of", "tool_specs",
+    "until_aborted", "usage",
 ]
 
 T = TypeVar("T")
@@ -449,5 +452,5 @@ def label_text(label: str | None, text: str) -> str:
     return text if label is None else f"{label}\n{text}" if text else label
 
 
-JsonObject = dict[str, Any]
+#: How an adapter labels injected context in a request (`context_label` is the default).
 Labeller = Callable[[Message], "str | None"]
