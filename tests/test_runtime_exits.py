@@ -52,13 +52,24 @@ def _error_text(events: list[Event]) -> str:
     return str(reason.message)
 
 
+@pytest.mark.parametrize("where", ["tool", "hook", "model"])
 @pytest.mark.parametrize("exit_", [KeyboardInterrupt, SystemExit])
-def test_RT18_an_exit_from_a_tool_body_fails_its_turn_propagates_and_teardown_completes(
-        exit_: type[BaseException]) -> None:
+def test_RT18_an_exit_from_work_fails_its_turn_propagates_and_teardown_completes(
+        exit_: type[BaseException], where: str) -> None:
     async def boom(call: ToolCall) -> str:
         raise exit_("stop now")
 
-    agent = Agent(_tool_model(), tools=[Tool("boom", boom)])
+    async def step(context: StepContext) -> None:
+        raise exit_("stop now")
+
+    async def stream(call: ModelCall) -> AsyncIterator[Chunk]:
+        yield {"type": "text", "text": "x"}
+        raise exit_("stop now")
+
+    agent = Agent(ScriptedModel([stream]) if where == "model" else _tool_model(),
+                  tools=[Tool("boom", boom)])
+    if where == "hook":
+        agent.hooks.step.use(step)
 
     async def main() -> None:
         async with agent:
