@@ -16,6 +16,8 @@ from machine.payloads import AssistantMessageData, ToolCallData, TurnEndData
 from machine.runtime import Agent, ModelAdapter, Tool, ToolCall, retry_request
 from machine.runtime.adapters.anthropic import SIGNATURE, AnthropicMessages, to_anthropic_messages
 from machine.runtime.adapters.common import (
+    NO_KEY,
+    classify_status,
     closing_chunks,
     context_label,
     retry_after_ms,
@@ -416,3 +418,38 @@ def test_RT15_usage_is_reported_in_one_place_as_the_finish_chunks_usage() -> Non
     assert closing_chunks("stop", figures) == [{"type": "finish", "kind": "stop",
                                                 "usage": figures}]
     assert closing_chunks("max-tokens", None) == [{"type": "finish", "kind": "max-tokens"}]
+
+
+@pytest.mark.parametrize(("status", "body", "code"), [
+    (429, {"error": {"message": "You exceeded your quota", "code": "insufficient_quota"}},
+     "QUOTA_EXCEEDED"),
+    (429, None, "RATE_LIMITED"),
+    (403, None, "PERMISSION_DENIED"),
+    (404, {"error": {"message": "model not found", "code": "model_not_found"}}, "NOT_FOUND"),
+    (408, None, "TIMEOUT"),
+    (413, None, "REQUEST_TOO_LARGE"),
+    (400, {"type": "error", "error": {"type": "invalid_request_error",
+                                      "message": "prompt is too long: 210000 tokens"}},
+     "CONTEXT_LENGTH_EXCEEDED"),
+    (422, None, "BAD_REQUEST"),
+    (502, None, "SERVER_ERROR"),
+    (503, None, "OVERLOADED"),
+    (None, {"error": {"message": "odd", "type": "mystery"}}, "PROVIDER_ERROR"),
+    (200, {"type": "error", "error": {"type": "api_error", "message": "x"}}, "SERVER_ERROR"),
+])
+def test_RT15_http_failures_are_classified(status: int | None, body: object, code: str) -> None:
+    assert classify_status(status, body) == code
+
+
+def test_RT15_an_api_key_comes_from_the_argument_the_environment_or_a_local_placeholder(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    with pytest.raises(ValidationError, match="set OPENAI_API_KEY"):
+        OpenAIChat("m")
+    with pytest.raises(ValidationError, match="set ANTHROPIC_API_KEY"):
+        AnthropicMessages("m")
+    assert OpenAIChat("m", base_url="http://127.0.0.1:1/v1").client.api_key == NO_KEY
+    monkeypatch.setenv("OPENAI_API_KEY", "from-env")
+    assert OpenAIChat("m").client.api_key == "from-env"
+    assert OpenAIChat("m", api_key="given").client.api_key == "given"
