@@ -42,7 +42,7 @@ lint: $(STAMP_DEV)
 
 # model/ is checked under its folder name; installed, it is machine._model (setup.py).
 typecheck: $(STAMP_DEV)
-	$(BIN)/python -m mypy --strict machine model
+	$(BIN)/python -m mypy --strict machine model tests/typed_usage.py
 
 pytest: $(STAMP_DEV)
 	$(BIN)/python -m pytest

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -18,19 +19,20 @@ from bench.common import Section, Stats, rate
 from bench.throughput import GcTimer, Run
 from bench.workloads import CONFIG, TEXT_REPLY, WORKLOADS, user
 from machine.events import Event
-from machine.runtime import Agent, ModelCall, StepContext, Tool, ToolCall
+from machine.runtime import Agent, ModelCall, SessionSink, StepContext, Tool, ToolCall
+from machine.store import JsonlStore
 
 FULL_SIZES = (1_000, 10_000, 100_000)
 QUICK_SIZES = (10, 30)
 
 
 class NullStore:
-    """A session store that keeps nothing ("no persistence")."""
+    """A session sink that keeps nothing ("no persistence")."""
 
     def append(self, event: Event) -> None:
         pass
 
-    async def flush(self) -> None:
+    def flush(self) -> None:
         pass
 
 
@@ -57,9 +59,10 @@ async def _echo(call: ToolCall) -> str:
     return "ok"
 
 
-def build_agent(workload: str) -> Agent:
+def build_agent(workload: str, sink: SessionSink | None = None) -> Agent:
     tools = [Tool("echo", _echo)] if workload == "W2" else []
-    agent = Agent(BenchModel(workload), tools=tools, store=NullStore())
+    agent = Agent(BenchModel(workload), tools=tools,
+                  sink=sink if sink is not None else NullStore())
     if workload == "W3":
         async def step_hook(context: StepContext) -> None:
             if context.step == 1:
@@ -70,8 +73,11 @@ def build_agent(workload: str) -> Agent:
     return agent
 
 
-async def _session(workload: str, turns: int) -> Run:
-    agent = build_agent(workload)
+async def _session(workload: str, turns: int, sink: SessionSink | None = None) -> Run:
+    return await _measured(build_agent(workload, sink), turns)
+
+
+async def _measured(agent: Agent, turns: int) -> Run:
     async with agent:
         await agent.when_idle()             # publication (not part of a turn)
         before = len(agent.session)
@@ -88,6 +94,22 @@ async def _session(workload: str, turns: int) -> Run:
 
 def run_async(workload: str, turns: int) -> Run:
     return asyncio.run(_session(workload, turns))
+
+
+def run_durable(turns: int, *, fsync: bool) -> Run:
+    """W1 written through `Agent.resume` into a new `JsonlStore` session (a temporary
+    directory): every event appended as a checksummed line, a flush after every turn —
+    with *fsync* an ``fsync`` of the file, without it only a write to the OS."""
+    with tempfile.TemporaryDirectory(prefix="turnstile-bench-jsonl-") as root:
+        store = JsonlStore(root, fsync=fsync)
+
+        async def main() -> Run:
+            agent = Agent.resume(store, "bench", BenchModel("W1"), create=True)
+            return await _measured(agent, turns)
+        try:
+            return asyncio.run(main())
+        finally:
+            store.close()
 
 
 HEADERS = ["workload", "N turns", "turns/s", "durable events/s", "µs/event (wall)",
@@ -125,12 +147,34 @@ def run(quick: bool = False, core_us: dict[str, float] | None = None,
                                               "events_per_s": eps.median,
                                               "us_per_event": us.median, "runs": len(runs)}
         ratios[workload] = medians[sizes[-1]] / medians[sizes[0]]
+    durable_turns = sizes[0]
+    durable: dict[str, object] = {}
+    for label, fsync in (("W1 + JsonlStore, fsync", True), ("W1 + JsonlStore, no fsync", False)):
+        runs = [run_durable(durable_turns, fsync=fsync) for _ in range(reps)]
+        tps = Stats.of([rate(r.turns, r.seconds) for r in runs])
+        eps = Stats.of([rate(r.durable, r.seconds) for r in runs])
+        us = Stats.of([1e6 * r.seconds / r.durable for r in runs])
+        cpu_us = Stats.of([1e6 * r.cpu / r.durable for r in runs])
+        gc_share = Stats.of([100 * r.gc_seconds / r.seconds for r in runs])
+        base = (core_us or {}).get(f"W1/{durable_turns}")
+        rows.append([label, f"{durable_turns:,}", tps.fmt(), eps.fmt(), us.fmt(".1f"),
+                     cpu_us.fmt(".1f"), gc_share.fmt(".1f"),
+                     "–" if base is None else f"{base:.1f}",
+                     "–" if base is None else f"× {us.median / base:.1f}"])
+        durable[label] = {"turns_per_s": tps.median, "events_per_s": eps.median,
+                          "us_per_event": us.median, "cpu_us_per_event": cpu_us.median,
+                          "runs": len(runs)}
     section = Section("2. The same workloads through the asyncio runtime", HEADERS, rows)
-    section.figures = {"runs": figures, "flatness": ratios}
+    section.figures = {"runs": figures, "flatness": ratios, "durable": durable}
     section.notes.append(
         "`machine.runtime.Agent` with the runtime's own environment: a model adapter and "
         "hooks that answer at once, the `echo` tool (W2), inject/steer from a step hook (W3), "
-        "a store that keeps nothing. Each turn is `followup` + `await when_idle()`.")
+        "a sink that keeps nothing. Each turn is `followup` + `await when_idle()`.")
+    section.notes.append(
+        "The W1 + JsonlStore rows persist the session: `Agent.resume(JsonlStore(tmp), ..., "
+        "create=True)`, each event a checksummed JSONL line and a flush after every turn "
+        "(with fsync: an `fsync` per turn, which dominates on most disks; without: writes to "
+        "the OS only). They show what persistence costs on top of the W1 row.")
     single = [n for n in sizes if n >= 100_000]
     if single and reps > 1:
         section.notes.append(

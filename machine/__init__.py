@@ -22,6 +22,7 @@ from machine.errors import (
 )
 from machine.events import Event, LiveEvent
 from machine.io import Control, Durable, Effect, Live, Output
+from machine.jsonvalue import FrozenDict, FrozenList, freeze, json_default, thaw
 from machine.log import SessionLog
 from machine.vocabulary import (
     FOLLOWUP,
@@ -39,8 +40,9 @@ from machine.vocabulary import (
 
 __all__ = [
     "FOLLOWUP", "INJECT", "STEER", "AgentCore", "CancelCause", "CodecError", "Control",
-    "CoreConfig", "DisposedError", "Durable", "Effect", "ErrorInfo", "Event", "InvariantError",
-    "Live", "LiveEvent", "LlmFailure", "Message", "NotJsonCompatibleError", "Output",
-    "ProtocolError", "SendOptions", "SessionLog", "ToolResult", "TurnstileError",
-    "ValidationError", "__version__", "plugin_source", "user_message",
+    "CoreConfig", "DisposedError", "Durable", "Effect", "ErrorInfo", "Event", "FrozenDict",
+    "FrozenList", "InvariantError", "Live", "LiveEvent", "LlmFailure", "Message",
+    "NotJsonCompatibleError", "Output", "ProtocolError", "SendOptions", "SessionLog",
+    "ToolResult", "TurnstileError", "ValidationError", "__version__", "freeze", "json_default",
+    "plugin_source", "thaw", "user_message",
 ]

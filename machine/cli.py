@@ -29,6 +29,10 @@ the core and prints every output as one JSON line (``machine.runner``,
 ``specs/scripts.md``); a malformed or refused script exits 2 with a message
 on stderr.
 
+``turnstile chat --base-url URL --model NAME [--session FILE] [--resume]`` chats
+with a model of an OpenAI-compatible endpoint (``machine.runtime.chat``): steering,
+injection, Ctrl-C as cancel, a JSONL session that ``--resume`` continues.
+
 ``turnstile demo [--color | --no-color]`` runs a narrated session through the
 asyncio runtime (``machine.runtime.demo``), prints its log and live events as
 tables, validates the log and replays the conformance corpus through the
@@ -249,6 +253,16 @@ def _run_demo(args: argparse.Namespace) -> int:
     return demo_main(colour=args.colour)
 
 
+def _configure_chat(parser: argparse.ArgumentParser) -> None:
+    from machine.runtime.chat import configure
+    configure(parser)
+
+
+def _run_chat(args: argparse.Namespace) -> int:
+    from machine.runtime.chat import main as chat_main
+    return chat_main(args)
+
+
 COMMANDS: Final[dict[str, Command]] = {
     "log": Command(help="session log tools", configure=_configure_log, run=_run_log),
     "diagrams": Command(help="machine diagrams and transition tables",
@@ -269,6 +283,8 @@ COMMANDS: Final[dict[str, Command]] = {
                       configure=conformance_cli.configure_record, run=conformance_cli.run_record),
     "demo": Command(help="a narrated session through the asyncio runtime, then the corpus check",
                     configure=_configure_demo, run=_run_demo),
+    "chat": Command(help="chat with a model of an OpenAI-compatible endpoint (the runtime's "
+                         "worked example)", configure=_configure_chat, run=_run_chat),
 }
 
 

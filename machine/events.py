@@ -8,6 +8,7 @@ Live notifications (rule E3) are not durable; they carry a type and a payload.
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,17 @@ from machine.jsonvalue import (
     frozen_from_json,
     thaw,
 )
+from machine.payloads import (
+    SURFACE_MESSAGE,
+    DurableData,
+    ExtensionData,
+    LiveData,
+    V,
+    durable_view,
+    live_view,
+    view_as,
+)
+from machine.vocabulary import Message
 
 # Durable event types of the core catalog (rule E1).
 TURN_START: Final = "turn/start"
@@ -139,6 +151,42 @@ class Event:
     @property
     def is_surface(self) -> bool:
         return self.type in SURFACE_TYPES
+
+    # -- typed reading of the data (E5); the data itself is the reference's shape (E1) ----
+
+    @property
+    def view(self) -> DurableData | ExtensionData:
+        """The data as the typed view of this event's type (`machine.payloads`), e.g.
+        `TurnEndData`; `ExtensionData` for an extension type. Decoded at each access."""
+        return durable_view(self.type, self.data)
+
+    def data_as(self, view: builtins.type[V]) -> V:
+        """The data as *view* (``event.data_as(TurnEndData).reason``); `ValidationError` if
+        this event is of another type."""
+        return view_as(view, self.type, self.data, "data")
+
+    @property
+    def message(self) -> Message:
+        """The message a surface event carries — the data itself for ``user/message``,
+        ``data.message`` for ``steering/message``, ``assistant/message`` and
+        ``tool/result``; `ValidationError` for any other type (check `is_surface`)."""
+        if self.type not in SURFACE_MESSAGE:
+            raise ValidationError("event.message", f"a {self.type!r} event carries no message "
+                                  "(user/message, steering/message, assistant/message and "
+                                  "tool/result do)")
+        key = SURFACE_MESSAGE[self.type]
+        if key is None:
+            return Message.from_json(self.data, "event.data")
+        return Message.from_json(self.data.get(key), f"event.data.{key}")
+
+    def __repr__(self) -> str:
+        extra = ""
+        if self.surface_op is not None:
+            extra += f", surface_op={thaw(self.surface_op)!r}"
+        if self.source_event_seqs is not None:
+            extra += f", source_event_seqs={list(self.source_event_seqs)!r}"
+        return (f"Event(seq={self.seq}, type={self.type!r}, data={thaw(self.data)!r}{extra}, "
+                f"time={self.time!r})")
 
     def to_json(self, *, with_time: bool = True) -> dict[str, JsonLike]:
         out: dict[str, JsonLike] = {"type": self.type, "seq": self.seq}
@@ -266,6 +314,29 @@ class LiveEvent:
 
     def to_json(self) -> dict[str, JsonLike]:
         return {"type": self.type, **thaw(self.payload)}
+
+    @property
+    def view(self) -> LiveData | ExtensionData:
+        """The payload as the typed view of this notification's type (`machine.payloads`),
+        e.g. `SettledData`. Decoded at each access."""
+        return live_view(self.type, self.payload)
+
+    def payload_as(self, view: builtins.type[V]) -> V:
+        """The payload as *view* (``notice.payload_as(SettledData).reason``);
+        `ValidationError` if this notification is of another type."""
+        return view_as(view, self.type, self.payload, "payload")
+
+    @property
+    def message(self) -> Message:
+        """The message of an ``agent/inbox/enqueue`` or ``agent/inbox/dequeue`` notice;
+        `ValidationError` for any other type."""
+        if self.type not in (INBOX_ENQUEUE, INBOX_DEQUEUE):
+            raise ValidationError("live.message", f"a {self.type!r} notice carries no message "
+                                  "(agent/inbox/enqueue and agent/inbox/dequeue do)")
+        return Message.from_json(self.payload.get("message"), "live.payload.message")
+
+    def __repr__(self) -> str:
+        return f"LiveEvent({self.type!r}, {thaw(self.payload)!r})"
 
     @classmethod
     def from_json(cls, value: JsonLike, path: str = "live") -> LiveEvent:

@@ -128,7 +128,10 @@ class FrozenDict(Mapping[str, "Frozen"]):
         return NotImplemented
 
     def __repr__(self) -> str:
-        return f"FrozenDict({self._data!r})"
+        return f"FrozenDict({thaw(self)!r})"    # nested values as plain lists and dicts
+
+    def __str__(self) -> str:
+        return json.dumps(thaw(self), ensure_ascii=False)
 
     def set(self, key: str, value: JsonLike) -> FrozenDict:
         """A copy with one key set (the value is frozen if it is not already)."""
@@ -173,7 +176,10 @@ class FrozenList(tuple["Frozen", ...]):
     __hash__ = tuple.__hash__
 
     def __repr__(self) -> str:
-        return f"FrozenList({list(self)!r})"
+        return f"FrozenList({thaw(self)!r})"    # nested values as plain lists and dicts
+
+    def __str__(self) -> str:
+        return json.dumps(thaw(self), ensure_ascii=False)
 
 
 Frozen: TypeAlias = bool | int | float | str | FrozenList | FrozenDict | None
@@ -293,7 +299,8 @@ def _freeze_dict(value: dict[Any, Any], path: str, active: set[int], limit: int)
 
 
 def thaw(value: Frozen) -> Any:
-    """Plain JSON data (lists and dicts) from a frozen value."""
+    """Plain JSON data (lists and dicts) from a frozen value: what ``json.dumps`` takes, and
+    what to copy when you want to change it (specs/vocabulary.md V2)."""
     if isinstance(value, FrozenDict):
         return {k: thaw(v) for k, v in value.items()}
     if isinstance(value, FrozenList):
@@ -399,3 +406,16 @@ def frozen_from_json(text: str) -> Frozen:
 
 def is_mapping(value: Frozen) -> bool:
     return isinstance(value, FrozenDict)
+
+
+def json_default(value: object) -> Any:
+    """A ``default=`` for ``json.dumps``: ``json.dumps(value, default=json_default)`` encodes
+    frozen values anywhere inside *value*, and the library's values that have a JSON form
+    (`Event`, `LiveEvent`, `Message`, reasons, failures, ...: their ``to_json()``). Any other
+    object raises ``TypeError`` as ``json.dumps`` does (specs/vocabulary.md V2)."""
+    if isinstance(value, FrozenDict):
+        return thaw(value)
+    to_json = getattr(value, "to_json", None)
+    if callable(to_json):
+        return to_json()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")

@@ -50,6 +50,7 @@ raises an ImportError that says so). The library itself never imports it.
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias, TypeVar
@@ -89,11 +90,12 @@ from machine.io import (
     Send,
 )
 from machine.jsonvalue import FrozenDict, thaw
-from machine.runtime.environment import SystemPrompt, perform
+from machine.runtime.environment import Environment, SystemPrompt, perform
 from machine.runtime.failures import error_info
 from machine.runtime.hooks import Hooks, JsonValue
+from machine.runtime.retry import RetryPolicy
 from machine.runtime.signal import Signal
-from machine.runtime.store import InMemorySessionStore, SessionStore
+from machine.runtime.sink import InMemorySink, SessionSink
 from machine.runtime.tools import Tool, ToolRegistry
 from machine.scripted import (
     HOLD,
@@ -167,14 +169,32 @@ class HooksEnvironment(ScriptedEnvironment):
     aborted when the driver delivers the core's ``abort`` for it (``attach``)."""
 
     def __init__(self, *, hooks: Hooks | None = None, tools: Iterable[Tool] | ToolRegistry = (),
-                 system: JsonValue | SystemPrompt = None, store: SessionStore | None = None,
-                 replies: Iterable[Reply] = ()) -> None:
+                 system: JsonValue | SystemPrompt = None, sink: SessionSink | None = None,
+                 replies: Iterable[Reply] = (), retry_policy: RetryPolicy | None = None,
+                 store: SessionSink | None = None) -> None:
         super().__init__(replies=list(replies))
-        self.hooks = hooks if hooks is not None else Hooks()
-        self.tools = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
-        self.system = system
-        self.store: SessionStore = store if store is not None else InMemorySessionStore()
+        if store is not None:           # the deprecated spelling of sink=
+            warnings.warn("environment(store=...) is deprecated: pass sink=...",
+                          DeprecationWarning, stacklevel=2)
+            sink = sink if sink is not None else store
+        self.environment = Environment(
+            hooks=hooks if hooks is not None else Hooks(),
+            tools=tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools),
+            system=system, sink=sink if sink is not None else InMemorySink(), preparer=None,
+            retry_policy=retry_policy if retry_policy is not None else RetryPolicy())
         self.signals: dict[int, Signal] = {}
+
+    @property
+    def hooks(self) -> Hooks:
+        return self.environment.hooks
+
+    @property
+    def tools(self) -> ToolRegistry:
+        return self.environment.tools
+
+    @property
+    def sink(self) -> SessionSink:
+        return self.environment.sink
 
     def attach(self, driver: Driver) -> None:
         """Abort the handlers' signals as the driver delivers ``abort`` outputs."""
@@ -198,8 +218,7 @@ class HooksEnvironment(ScriptedEnvironment):
         signal_id = effect.payload.get("signal")
         signal = self._signal(signal_id) if isinstance(signal_id, int) else None
         try:
-            value = run_sync(perform(effect, signal, hooks=self.hooks, tools=self.tools,
-                                     system=self.system, store=self.store, preparer=None))
+            value = run_sync(perform(self.environment, effect, signal))
         except Exception as exc:
             return ("raise", error_info(exc))
         return ("resolve", value)
@@ -210,11 +229,13 @@ _PERFORMED = frozenset({PROMPT_SUBMIT, STEP_HOOK, SYSTEM_PROMPT, REQUEST, REQUES
 
 
 def environment(*, hooks: Hooks | None = None, tools: Iterable[Tool] | ToolRegistry = (),
-                system: JsonValue | SystemPrompt = None, store: SessionStore | None = None,
-                replies: Iterable[Reply] = ()) -> HooksEnvironment:
-    """A scripted environment answered by runtime handlers (see `HooksEnvironment`)."""
-    return HooksEnvironment(hooks=hooks, tools=tools, system=system, store=store,
-                            replies=replies)
+                system: JsonValue | SystemPrompt = None, sink: SessionSink | None = None,
+                replies: Iterable[Reply] = (), retry_policy: RetryPolicy | None = None
+                ) -> HooksEnvironment:
+    """A scripted environment answered by runtime handlers (see `HooksEnvironment`);
+    request-error handlers get *retry_policy* (default ``RetryPolicy()``)."""
+    return HooksEnvironment(hooks=hooks, tools=tools, system=system, sink=sink,
+                            replies=replies, retry_policy=retry_policy)
 
 
 # --------------------------------------------------------------------------

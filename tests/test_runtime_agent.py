@@ -18,7 +18,7 @@ from machine.log import SessionLog, validate_events
 from machine.runtime import (
     Agent,
     Hang,
-    InMemorySessionStore,
+    InMemorySink,
     PersistentSession,
     ScriptedModel,
     text_reply,
@@ -229,10 +229,10 @@ def test_direct_append_is_delivered_in_order() -> None:
 
 
 def test_the_store_gets_every_event_in_order_and_a_flush_after_each_turn() -> None:
-    store = InMemorySessionStore()
+    store = InMemorySink()
 
     async def main() -> None:
-        async with Agent(ScriptedModel([text_reply("a"), text_reply("b")]), store=store) as agent:
+        async with Agent(ScriptedModel([text_reply("a"), text_reply("b")]), sink=store) as agent:
             flushed_at_settle: list[int] = []
             agent.on("agent/settled", lambda e: flushed_at_settle.append(len(store.durable)))
             agent.inject("before")
@@ -252,7 +252,7 @@ def test_a_persistent_session_stores_a_valid_log_that_loads_back(tmp_path: Path)
     session = PersistentSession(backend, "s1")
 
     async def main() -> list[Event]:
-        async with Agent(ScriptedModel([text_reply("hello")]), store=session) as agent:
+        async with Agent(ScriptedModel([text_reply("hello")]), sink=session) as agent:
             agent.inject("ctx")
             agent.followup("hi")
             await agent.when_idle()

@@ -33,7 +33,7 @@ from machine.runner import load_script, parse_script
 from machine.runtime import (
     Agent,
     Hang,
-    InMemorySessionStore,
+    InMemorySink,
     ModelFailure,
     ScriptedModel,
     Tool,
@@ -288,7 +288,7 @@ def test_F1_model_failure_becomes_the_turns_error() -> None:
         "message": "model unavailable", "code": "UNAVAILABLE", "status": 503}}
 
 
-class GatedStore(InMemorySessionStore):
+class GatedStore(InMemorySink):
     def __init__(self) -> None:
         super().__init__()
         self.gate = asyncio.Event()
@@ -298,15 +298,15 @@ class GatedStore(InMemorySessionStore):
         if self.flushes == 0:
             self.entered.set()
             await self.gate.wait()
-        await super().flush()
+        super().flush()
 
 
-class FailingStore(InMemorySessionStore):
+class FailingStore(InMemorySink):
     async def flush(self) -> None:
         if self.flushes == 0:
             self.flushes += 1
             raise RuntimeError("disk unavailable")
-        await super().flush()
+        super().flush()
 
 
 def test_F9a_the_flush_is_a_barrier() -> None:
@@ -337,7 +337,7 @@ def test_F9a_the_flush_is_a_barrier() -> None:
         store.gate.set()
         await idle
 
-    got = agent_run(scenario, ScriptedModel([text_reply("one"), text_reply("two")]), store=store)
+    got = agent_run(scenario, ScriptedModel([text_reply("one"), text_reply("two")]), sink=store)
     assert got == expected
     assert store.flushes == 2 and len(store.durable) == len(store.events)
 
@@ -364,7 +364,7 @@ def test_F9b_a_failed_flush_is_reported_and_work_continues(caplog: pytest.LogCap
 
     with caplog.at_level(logging.WARNING, logger="turnstile"):
         got = agent_run(scenario, ScriptedModel([text_reply("one"), text_reply("two")]),
-                        store=FailingStore())
+                        sink=FailingStore())
     assert got == expected
     assert "session flush failed at turn 1: disk unavailable" in caplog.text
     errors = [o for o in got if o.get("type") == "agent/error"]

@@ -2,7 +2,8 @@
 
 The runtime adds I/O and no semantics: it delivers the core's outputs to
 listeners synchronously, runs hooks, the model and tools as asyncio tasks, and
-feeds their results back (specs/runtime.md, rules RT1-RT14).
+feeds their results back (specs/runtime.md, rules RT1-RT20). Provider adapters are in
+`machine.runtime.adapters` (extras ``[openai]``, ``[anthropic]``).
 
 ::
 
@@ -13,17 +14,19 @@ feeds their results back (specs/runtime.md, rules RT1-RT14).
         await agent.when_idle()
 """
 
+from __future__ import annotations
+
+import warnings
+
 from machine.runtime.agent import ALL_EVENTS, Agent, DurableEventType, LiveEventType, MessageLike
-from machine.runtime.failures import ModelFailure, RaisedError, error_info
+from machine.runtime.failures import AgentTimeoutError, ModelFailure, RaisedError, error_info
 from machine.runtime.hooks import (
-    RETRY,
     Hooks,
     JsonValue,
     Next,
     PromptSubmit,
     RequestContext,
     RequestErrorContext,
-    RetryAction,
     Serial,
     StepContext,
     TurnStopping,
@@ -43,9 +46,25 @@ from machine.runtime.model import (
     default_header,
     text_reply,
 )
+from machine.runtime.retry import (
+    RETRY,
+    RETRYABLE_CODES,
+    RetryAction,
+    RetryPolicy,
+    retry_request,
+    sleep_unless_aborted,
+)
 from machine.runtime.signal import AbortError, Signal
-from machine.runtime.store import InMemorySessionStore, PersistentSession, SessionStore
-from machine.runtime.tools import Tool, ToolCall, ToolMode, ToolOutput, ToolRegistry, tool
+from machine.runtime.sink import InMemorySink, PersistentSession, SessionSink
+from machine.runtime.tools import (
+    Tool,
+    ToolArgumentError,
+    ToolCall,
+    ToolMode,
+    ToolOutput,
+    ToolRegistry,
+    tool,
+)
 from machine.vocabulary import (
     ALLOW,
     Allow,
@@ -63,8 +82,10 @@ __all__ = [
     "ALLOW",
     "ALL_EVENTS",
     "RETRY",
+    "RETRYABLE_CODES",
     "AbortError",
     "Agent",
+    "AgentTimeoutError",
     "Allow",
     "Block",
     "CancelCause",
@@ -73,7 +94,7 @@ __all__ = [
     "ErrorInfo",
     "Hang",
     "Hooks",
-    "InMemorySessionStore",
+    "InMemorySink",
     "JsonValue",
     "LiveEventType",
     "LlmFailure",
@@ -93,12 +114,14 @@ __all__ = [
     "RequestErrorContext",
     "RequestPreparer",
     "RetryAction",
+    "RetryPolicy",
     "ScriptedModel",
     "Serial",
-    "SessionStore",
+    "SessionSink",
     "Signal",
     "StepContext",
     "Tool",
+    "ToolArgumentError",
     "ToolCall",
     "ToolMode",
     "ToolOutput",
@@ -110,7 +133,23 @@ __all__ = [
     "calls_reply",
     "default_header",
     "error_info",
+    "retry_request",
+    "sleep_unless_aborted",
     "text_reply",
     "tool",
     "user_message",
 ]
+
+#: Names kept for one release: the runtime's sink used to be called a store, which clashed
+#: with `machine.store.SessionStore` (a store of many sessions).
+_DEPRECATED = {"SessionStore": ("SessionSink", SessionSink),
+               "InMemorySessionStore": ("InMemorySink", InMemorySink)}
+
+
+def __getattr__(name: str) -> object:
+    if name in _DEPRECATED:
+        new, value = _DEPRECATED[name]
+        warnings.warn(f"machine.runtime.{name} is deprecated: use machine.runtime.{new}",
+                      DeprecationWarning, stacklevel=2)
+        return value
+    raise AttributeError(f"module 'machine.runtime' has no attribute {name!r}")

@@ -3,13 +3,13 @@
 The agent owns one `AgentCore` and runs a *pump*: it pulls the core's outputs
 one at a time and delivers each one synchronously, before pulling the next:
 
-* a durable event is appended to the session store, then given to the
+* a durable event is appended to the session sink, then given to the
   listeners of its type and of ``'*'`` / ``'session/event'``;
 * a live notification is given to the listeners of its type
   (``agent/warning`` is also logged at WARNING on the ``turnstile`` logger);
 * an effect starts its work (a hook chain, the model stream, a tool stage,
-  the store's flush) as an asyncio task; a ``tick`` resolves on the next pass
-  of the event loop;
+  the sink's flush) as an asyncio task, or answers at once when none of the
+  user's code would run; a ``tick`` resolves on the next pass of the event loop;
 * ``abort`` aborts the effect's `Signal` (its listeners run right there);
   ``release`` cancels the pending read of the model stream and closes it.
 
@@ -26,26 +26,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Final, Literal, TypeAlias, overload
+from typing import Any, Final, Literal, TypeAlias, overload
 
 from machine import events as ev
 from machine.core import AgentCore, CoreConfig
-from machine.errors import ProtocolError
+from machine.errors import ProtocolError, ValidationError
 from machine.events import Event, LiveEvent
-from machine.io import MODEL, TICK, Durable, Effect, Input, Live, Output
+from machine.io import MODEL, TICK, Control, Durable, Effect, Input, Live, Output
 from machine.jsonvalue import FrozenDict
 from machine.log import SessionLog
-from machine.runtime.environment import SystemPrompt, perform
-from machine.runtime.failures import error_info
+from machine.runtime.environment import Environment, Immediate, SystemPrompt, Work
+from machine.runtime.failures import CANCELLED, EXITS, AgentTimeoutError, error_info
 from machine.runtime.hooks import Hooks, JsonValue, Unsubscribe
 from machine.runtime.model import Chunk, ModelAdapter, ModelCall, RequestPreparer
+from machine.runtime.retry import RetryPolicy
 from machine.runtime.signal import Signal
-from machine.runtime.store import InMemorySessionStore, SessionStore
+from machine.runtime.sink import InMemorySink, PersistentSession, SessionSink
 from machine.runtime.tools import Tool, ToolRegistry
+from machine.store.errors import SessionNotFoundError
+from machine.store.types import LoadMode, LoadReport, SessionStore
 from machine.vocabulary import CancelCause, ErrorInfo, Message, Target, user_message
 
 __all__ = ["ALL_EVENTS", "Agent", "DurableEventType", "LiveEventType", "MessageLike",
@@ -71,7 +76,8 @@ LiveEventType: TypeAlias = Literal[
 MessageLike: TypeAlias = "Message | Mapping[str, JsonValue] | str"
 CauseLike: TypeAlias = "Literal['user', 'parent'] | CancelCause | Mapping[str, JsonValue]"
 
-_Completion: TypeAlias = tuple[str, int, object]
+#: Finished work waiting for the next pass: the core's completion method and its arguments.
+_Completion: TypeAlias = tuple[Callable[..., None], int, object]
 
 
 @dataclass(eq=False, slots=True)
@@ -97,6 +103,11 @@ def _describe(output: Output) -> str:
     return output.kind
 
 
+def _describe_effect(effect: Effect) -> str:
+    name = effect.payload.get("name")
+    return f"{effect.kind} {effect.id}" + (f" ({name})" if isinstance(name, str) else "")
+
+
 class Agent:
     """An asyncio agent over `AgentCore`. See the module docstring and specs/runtime.md.
 
@@ -107,43 +118,121 @@ class Agent:
             agent.on("turn/end", lambda event: print(event.data["reason"]))
             agent.followup("hi")
             await agent.when_idle()
+
+    ``sink`` is where the session is written (default: `InMemorySink`); `Agent.resume`
+    opens an agent on a stored session instead. ``retry_policy`` is handed to request-error
+    handlers (default: the model adapter's ``retry_policy``, else ``RetryPolicy()``). The
+    ``store=`` keyword is a deprecated spelling of ``sink=``.
     """
 
     def __init__(self, model: ModelAdapter, *, tools: Iterable[Tool] | ToolRegistry = (),
                  hooks: Hooks | None = None, system: JsonValue | SystemPrompt = None,
                  request_options: Mapping[str, JsonValue] | None = None,
-                 max_parallel_tool_calls: int = 10, store: SessionStore | None = None,
+                 max_parallel_tool_calls: int = 10, sink: SessionSink | None = None,
                  session: SessionLog | None = None,
                  session_start: Literal["startup", "resume"] = "startup", publish: bool = True,
-                 clock: Callable[[], float] | None = None) -> None:
-        self.model = model
-        self.tools = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
-        self.hooks = hooks if hooks is not None else Hooks()
-        self.system = system
-        self.store: SessionStore = store if store is not None else InMemorySessionStore()
+                 clock: Callable[[], float] | None = None,
+                 retry_policy: RetryPolicy | None = None,
+                 store: SessionSink | None = None) -> None:
+        if store is not None:
+            warnings.warn("Agent(store=...) is deprecated: pass sink=...", DeprecationWarning,
+                          stacklevel=2)
+            if sink is not None:
+                raise TypeError("Agent() takes sink= or the deprecated store=, not both")
+            sink = store
+        self._model = model
+        registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+        if retry_policy is None:
+            offered = getattr(model, "retry_policy", None)
+            retry_policy = offered if isinstance(offered, RetryPolicy) else RetryPolicy()
+        elif not isinstance(retry_policy, RetryPolicy):
+            raise TypeError(f"retry_policy must be a RetryPolicy, not {type(retry_policy).__name__}")
+        # Why decided here: the model never changes for an agent's life, and a check against a
+        # runtime-checkable Protocol costs about 13 µs (it was paid for every effect).
+        preparer = model if isinstance(model, RequestPreparer) else None
+        self._env = Environment(hooks=hooks if hooks is not None else Hooks(), tools=registry,
+                                system=system,
+                                sink=sink if sink is not None else InMemorySink(),
+                                preparer=preparer, retry_policy=retry_policy)
         seed: dict[str, JsonValue] = {}
         defaults = getattr(model, "default_config", None)
         if isinstance(defaults, Mapping):
             seed.update(defaults)
         seed.update(request_options or {})
-        config = CoreConfig(request_options=seed, tool_modes=self.tools.modes(),
+        config = CoreConfig(request_options=seed, tool_modes=registry.modes(),
                             max_parallel_tool_calls=max_parallel_tool_calls,
                             session_start=session_start, publish=publish)
-        self._core = AgentCore(config, log=session, clock=clock)
+        self._core = core = AgentCore(config, log=session, clock=clock)
+        self._completers: dict[str, Callable[..., None]] = {
+            "resolve": core.resolve, "raise": core.fail, "chunk": core.chunk,
+            "end": lambda effect_id, _none: core.end(effect_id)}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._subs: list[_Subscription] = []
+        #: The listeners of each durable and live type, and the observers (effects and
+        #: controls), computed on first use and forgotten at every (un)subscription, so each
+        #: delivery walks only the listeners it calls.
+        self._durable_routes: dict[str, tuple[_Subscription, ...]] = {}
+        self._live_routes: dict[str, tuple[_Subscription, ...]] = {}
+        self._observers: tuple[_Subscription, ...] | None = None
         self._signals: dict[int, Signal] = {}
         self._ready: deque[_Completion] = deque()
         self._scheduled = False
         self._delivering = False
+        self._exit: BaseException | None = None      # a KeyboardInterrupt/SystemExit to re-raise
         self._tasks: set[asyncio.Task[None]] = set()
         self._model_tasks: dict[int, asyncio.Task[None]] = {}
         self._released: set[int] = set()
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._dispose_waiters: list[asyncio.Future[None]] = []
+        self._sink_closed = False
+        self._append = self._env.sink.append      # the sink is fixed for the agent's life
         self._minted = 0
+        #: What `resume` found when it loaded the session (None: not resumed from a store).
+        self.load_report: LoadReport | None = None
         #: How a tick is resolved: by default on the next pass of the event loop.
         self._on_tick: Callable[[int], None] = self._resolve_tick_soon
+
+    @classmethod
+    def resume(cls, store: SessionStore, session_id: str, model: ModelAdapter, *,
+               mode: LoadMode = "strict", create: bool = False,
+               tools: Iterable[Tool] | ToolRegistry = (), hooks: Hooks | None = None,
+               system: JsonValue | SystemPrompt = None,
+               request_options: Mapping[str, JsonValue] | None = None,
+               max_parallel_tool_calls: int = 10, publish: bool = True,
+               clock: Callable[[], float] | None = None,
+               retry_policy: RetryPolicy | None = None) -> Agent:
+        """An agent that continues the stored session *session_id* of *store* (RT17).
+
+        The session is loaded in *mode* (``strict`` raises `DamageError` on damage;
+        ``salvage`` keeps the intact prefix), so it is crash-repaired (S12) and open in the
+        store; the agent's log is seeded with it (turn numbering and seqs continue, the first
+        request logs ``request/header {reason:'resume'}``) and the agent writes into it
+        (`PersistentSession`, released after the agent's teardown). What the load found is
+        ``agent.load_report``; damage and repair are also logged at WARNING. With *create*, a
+        session that does not exist yet is created instead (``load_report`` is then None).
+        The other options are the constructor's."""
+        report: LoadReport | None = None
+        log: SessionLog | None = None
+        try:
+            result = store.load(session_id, mode)
+        except SessionNotFoundError:
+            if not create:
+                raise
+            store.create(session_id)
+        else:
+            report = result.report
+            log = SessionLog(result.events, clock=clock)
+            if not report.clean:
+                LOGGER.warning("session %s resumed after repair: %s", session_id,
+                               _report_text(report))
+        agent = cls(model, tools=tools, hooks=hooks, system=system,
+                    request_options=request_options,
+                    max_parallel_tool_calls=max_parallel_tool_calls,
+                    sink=PersistentSession(store, session_id, release=True), session=log,
+                    session_start="startup" if log is None else "resume", publish=publish,
+                    clock=clock, retry_policy=retry_policy)
+        agent.load_report = report
+        return agent
 
     # ------------------------------------------------------------------
     # State
@@ -158,6 +247,51 @@ class Agent:
     def session(self) -> SessionLog:
         """The session log (every durable event so far)."""
         return self._core.log
+
+    @property
+    def model(self) -> ModelAdapter:
+        """The model adapter (fixed for the agent's life)."""
+        return self._model
+
+    @property
+    def tools(self) -> ToolRegistry:
+        """The tools (fixed: the core was configured with their modes)."""
+        return self._env.tools
+
+    @property
+    def hooks(self) -> Hooks:
+        """The extension points; register handlers with ``agent.hooks.<point>.use(...)``."""
+        return self._env.hooks
+
+    @hooks.setter
+    def hooks(self, hooks: Hooks) -> None:
+        self._env.hooks = hooks
+
+    @property
+    def system(self) -> JsonValue | SystemPrompt:
+        """The system prompt: a JSON value or an async function of a `StepContext`."""
+        return self._env.system
+
+    @system.setter
+    def system(self, system: JsonValue | SystemPrompt) -> None:
+        self._env.system = system
+
+    @property
+    def sink(self) -> SessionSink:
+        """Where the session is written (RT12)."""
+        return self._env.sink
+
+    @property
+    def store(self) -> SessionSink:
+        """Deprecated: the session sink (`sink`)."""
+        warnings.warn("Agent.store is deprecated: use Agent.sink", DeprecationWarning,
+                      stacklevel=2)
+        return self._env.sink
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """The policy request-error handlers receive (RT16)."""
+        return self._env.retry_policy
 
     @property
     def status(self) -> Literal["idle", "running"]:
@@ -203,7 +337,10 @@ class Agent:
         self._commanded()
 
     def cancel(self, cause: CauseLike = "user", keep_inbox: bool = False) -> None:
-        """Cancel the current activity (and, unless *keep_inbox*, what is pending)."""
+        """Cancel the current activity (and, unless *keep_inbox*, what is pending).
+
+        It has taken effect when it returns; the work it aborted ends when that work honours
+        its signal. To bound the wait for that, ``await agent.when_idle(timeout=...)``."""
         self._bind()
         if isinstance(cause, str):
             cause = {"kind": cause}
@@ -227,33 +364,46 @@ class Agent:
         self._core.feed(item)
         self._commanded()
 
-    def dispose(self) -> Awaitable[None]:
+    def dispose(self, *, timeout: float | None = None) -> Awaitable[None]:
         """Dispose now (``cancel({kind:'disposed'})``); await the result for teardown
-        (``agent/disposed``, ``session/disposed``). Idempotent."""
+        (``agent/disposed``, ``session/disposed``). Idempotent.
+
+        With *timeout* (seconds), work still running after that long — work that ignores
+        its signal — is cancelled (asyncio cancellation: its effect fails with
+        ``CANCELLED``) so that teardown can complete; if it still has not after another
+        *timeout*, the awaitable raises `AgentTimeoutError` and the agent stays disposing
+        (RT19)."""
         loop = self._bind()
+        _check_timeout(timeout)
         if self._core.disposed and not self._dispose_waiters:
             done: asyncio.Future[None] = loop.create_future()
             done.set_result(None)
             return done
-        self._core.dispose()
         waiter: asyncio.Future[None] = loop.create_future()
         self._dispose_waiters.append(waiter)
+        self._core.dispose()
         self._commanded()
         self._settle_waiters()
-        return loop.create_task(self._finish_disposal(waiter))
+        return loop.create_task(self._finish_disposal(waiter, timeout))
 
-    def when_idle(self) -> Awaitable[None]:
+    def when_idle(self, *, timeout: float | None = None) -> Awaitable[None]:
         """Completes when the agent is quiescent: not busy, no wake pending, no waking item
-        queued (reference §18). Never awaited from the agent's own work (it would not end)."""
+        queued (reference §18). Never awaited from the agent's own work (it would not end).
+
+        With *timeout* (seconds) it raises `AgentTimeoutError`, naming the outstanding work,
+        if the agent is not quiescent by then; the agent itself is not affected (RT19)."""
         loop = self._bind()
+        _check_timeout(timeout)
         if not self._delivering:
             self._pump(feed=False)
         waiter: asyncio.Future[None] = loop.create_future()
         if self._core.is_quiescent or self._core.disposed:
             waiter.set_result(None)
-        else:
-            self._idle_waiters.append(waiter)
-        return waiter
+            return waiter
+        self._idle_waiters.append(waiter)
+        if timeout is None:
+            return waiter
+        return loop.create_task(self._bounded(waiter, timeout, "when_idle"))
 
     async def __aenter__(self) -> Agent:
         self._bind()
@@ -282,7 +432,8 @@ class Agent:
         ``'session/event'``: every durable event) or each `LiveEvent` of *type*.
 
         Listeners run in registration order; one registered during a delivery sees the next
-        output. An exception is contained: logged at WARNING, the next listener still runs."""
+        output. An exception is contained: logged at WARNING, the next listener still runs
+        (a ``KeyboardInterrupt`` or ``SystemExit`` propagates after the delivery, RT18)."""
         return self._subscribe(_Subscription(type, listener))
 
     def observe(self, listener: Callable[[Output], object]) -> Unsubscribe:
@@ -291,24 +442,62 @@ class Agent:
 
     def _subscribe(self, sub: _Subscription) -> Unsubscribe:
         self._subs.append(sub)
+        self._forget_routes()
 
         def unsubscribe() -> None:
             sub.active = False
             if sub in self._subs:
                 self._subs.remove(sub)
+                self._forget_routes()
         return unsubscribe
+
+    def _forget_routes(self) -> None:
+        self._durable_routes.clear()
+        self._live_routes.clear()
+        self._observers = None
+
+    def _route(self, type_: str | None, durable: bool) -> tuple[_Subscription, ...]:
+        """The subscriptions an output of *type_* (None: an effect or control) goes to, in
+        registration order; remembered until the next (un)subscription."""
+        subs = tuple(s for s in self._subs
+                     if s.type is None or (type_ is not None and (
+                         s.type == type_ or (durable and s.type in ALL_EVENTS))))
+        if type_ is None:
+            self._observers = subs
+        elif durable:
+            self._durable_routes[type_] = subs
+        else:
+            self._live_routes[type_] = subs
+        return subs
 
     # ------------------------------------------------------------------
     # The pump
     # ------------------------------------------------------------------
 
     def _bind(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
             try:
-                self._loop = asyncio.get_running_loop()
+                running = asyncio.get_running_loop()
             except RuntimeError:
                 raise RuntimeError("an Agent is used from a running asyncio event loop") from None
-        return self._loop
+            if loop is not None:
+                self._rebind()
+            self._loop = loop = running
+        return loop
+
+    def _rebind(self) -> None:
+        """The agent's event loop was closed (for example by ``asyncio.run`` after an exception
+        left it, RT18): forget what belonged to it, so the agent can go on (and be disposed)
+        on the running loop. Completions already received are kept."""
+        self._scheduled = False
+        self._tasks.clear()
+        self._model_tasks.clear()
+        self._idle_waiters.clear()
+        self._dispose_waiters.clear()
+        if self._ready:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._scheduled_pump)
 
     def _commanded(self) -> None:
         """After a command: deliver its outputs now, unless a delivery is in progress (then
@@ -318,41 +507,50 @@ class Agent:
 
     def _schedule_pump(self) -> None:
         if not self._scheduled:
+            loop = self._loop
+            if loop is None:
+                return
+            try:
+                loop.call_soon(self._scheduled_pump)
+            except RuntimeError:        # the loop is closed: `_bind` on the next one pumps
+                return
             self._scheduled = True
-            self._bind().call_soon(self._scheduled_pump)
 
     def _scheduled_pump(self) -> None:
         self._scheduled = False
         self._pump(feed=True)
 
     def _pump(self, *, feed: bool) -> None:
-        """Feed the finished work (*feed*), then pull and deliver until the core waits."""
+        """Feed the finished work (*feed*), then pull and deliver until the core waits.
+
+        A ``KeyboardInterrupt`` or ``SystemExit`` raised while an output is delivered stops
+        the pump once that output's delivery is complete; the next pass pumps on (RT18)."""
         if self._delivering:
             return
         self._delivering = True
+        core = self._core
         try:
             if feed:
                 self._feed_ready()
-            while (output := self._core.next_output()) is not None:
+            while (output := core.next_output()) is not None:
                 self._deliver(output)
+                if self._exit is not None:
+                    break
         finally:
             self._delivering = False
-        self._settle_waiters()
+        if self._idle_waiters or self._dispose_waiters or core.disposed:
+            self._settle_waiters()
+        if self._exit is not None:
+            exit_, self._exit = self._exit, None
+            self._schedule_pump()
+            raise exit_
 
     def _feed_ready(self) -> None:
-        core = self._core
-        while self._ready:
-            kind, effect_id, value = self._ready.popleft()
+        ready = self._ready
+        while ready:
+            complete, effect_id, value = ready.popleft()
             try:
-                if kind == "resolve":
-                    core.resolve(effect_id, value)
-                elif kind == "raise":
-                    assert isinstance(value, ErrorInfo)
-                    core.fail(effect_id, value)
-                elif kind == "chunk":
-                    core.chunk(effect_id, value)
-                else:
-                    core.end(effect_id)
+                complete(effect_id, value)
             except ProtocolError as exc:       # a runtime bug: never expected
                 LOGGER.error("turnstile runtime: completion refused by the core: %s", exc)
 
@@ -363,52 +561,92 @@ class Agent:
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_result(None)
-        if self._dispose_waiters and core.disposed:
-            waiters, self._dispose_waiters = self._dispose_waiters, []
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
+        if core.disposed:
+            if not self._sink_closed:
+                self._sink_closed = True
+                self._close_sink()
+            if self._dispose_waiters:
+                waiters, self._dispose_waiters = self._dispose_waiters, []
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
+
+    def _close_sink(self) -> None:
+        close = getattr(self._env.sink, "close", None)
+        if not callable(close):
+            return
+        try:
+            close()
+        except BaseException as exc:
+            self._contain(exc, "closing the session sink")
+
+    def _contain(self, exc: BaseException, what: str) -> None:
+        """An exception of a listener, an abort listener, the sink's append or close: logged
+        at WARNING; a ``KeyboardInterrupt``/``SystemExit`` is kept for the pump to raise once
+        the output is delivered (RT3, RT18)."""
+        if isinstance(exc, EXITS) and self._exit is None:
+            self._exit = exc
+            return
+        LOGGER.warning("%s raised: %s", what, error_info(exc).rendered() or type(exc).__name__)
 
     def _deliver(self, output: Output) -> None:
-        if isinstance(output, Durable):
+        kind = type(output)             # Why exact types: the four output classes are final
+        if kind is Durable:
+            assert isinstance(output, Durable)
+            event = output.event
             try:
-                self.store.append(output.event)
-            except Exception as exc:
-                LOGGER.warning("session store append of %s raised: %s", _describe(output),
-                               error_info(exc).rendered())
-            self._notify(output, output.event)
-        elif isinstance(output, Live):
-            if output.event.type == ev.WARNING:
-                LOGGER.warning("agent warning: %s", output.event.payload.get("text", ""))
-            self._notify(output, output.event)
-        elif isinstance(output, Effect):
-            self._notify(output, None)
+                self._append(event)
+            except BaseException as exc:
+                self._contain(exc, f"session sink append of {_describe(output)}")
+            subs = self._durable_routes.get(event.type)
+            if subs is None:
+                subs = self._route(event.type, True)
+            if subs:
+                self._notify(subs, output, event)
+        elif kind is Live:
+            assert isinstance(output, Live)
+            live = output.event
+            if live.type == ev.WARNING:
+                LOGGER.warning("agent warning: %s", live.payload.get("text", ""))
+            subs = self._live_routes.get(live.type)
+            if subs is None:
+                subs = self._route(live.type, False)
+            if subs:
+                self._notify(subs, output, live)
+        elif kind is Effect:
+            assert isinstance(output, Effect)
+            subs = self._observers
+            if subs is None:
+                subs = self._route(None, False)
+            if subs:
+                self._notify(subs, output, None)
             self._start(output)
         else:
+            assert isinstance(output, Control)
             if output.kind == "abort":
                 signal = self._signal(_int(output.payload, "signal"))
-                signal._abort(CancelCause.from_json(output.payload["reason"], allow_disposed=True))
+                try:
+                    signal._abort(CancelCause.from_json(output.payload["reason"],
+                                                        allow_disposed=True))
+                except BaseException as exc:     # only an exit is raised again (Signal._abort)
+                    self._contain(exc, "an abort listener")
             else:
                 self._release(_int(output.payload, "effect"))
-            self._notify(output, None)
+            subs = self._observers
+            if subs is None:
+                subs = self._route(None, False)
+            if subs:
+                self._notify(subs, output, None)
 
-    def _notify(self, output: Output, event: Event | LiveEvent | None) -> None:
-        durable = isinstance(output, Durable)
-        for sub in tuple(self._subs):
+    def _notify(self, subs: tuple[_Subscription, ...], output: Output,
+                event: Event | LiveEvent | None) -> None:
+        for sub in subs:
             if not sub.active:
                 continue
-            if sub.type is None:
-                argument: object = output
-            elif event is not None and (sub.type == event.type
-                                        or (durable and sub.type in ALL_EVENTS)):
-                argument = event
-            else:
-                continue
             try:
-                sub.listener(argument)
-            except Exception as exc:
-                LOGGER.warning("listener of %s raised: %s", _describe(output),
-                               error_info(exc).rendered())
+                sub.listener(output if sub.type is None else event)
+            except BaseException as exc:
+                self._contain(exc, f"listener of {_describe(output)}")
 
     # ------------------------------------------------------------------
     # Effects
@@ -422,47 +660,74 @@ class Agent:
             signal = self._signals[signal_id] = Signal(signal_id)
         return signal
 
-    def _complete(self, kind: str, effect_id: int, value: object) -> None:
-        """Work finished: it enters the core on the next pass (RT5)."""
-        if effect_id in self._released:
+    def _complete(self, kind: Literal["resolve", "raise", "chunk", "end"], effect_id: int,
+                  value: object) -> None:
+        """Work finished: it enters the core on the next pass (RT5). After teardown nothing
+        is fed (the work was orphaned, RT7)."""
+        core = self._core
+        if effect_id in self._released or core.disposed:
             return
-        self._ready.append((kind, effect_id, value))
-        self._schedule_pump()
+        if kind == "raise":
+            assert isinstance(value, ErrorInfo)
+        self._ready.append((self._completers[kind], effect_id, value))
+        if not self._scheduled:
+            self._schedule_pump()
+
+    def _answer_now(self, complete: Callable[[int, Any], None], effect_id: int,
+                    value: object) -> None:
+        """Work that ran none of the user's code, or only a synchronous sink flush, is
+        answered at its delivery: the pump goes on in the same pass (RT5)."""
+        try:
+            complete(effect_id, value)
+        except ProtocolError as exc:           # a runtime bug: never expected
+            LOGGER.error("turnstile runtime: completion refused by the core: %s", exc)
 
     def _resolve_tick_soon(self, effect_id: int) -> None:
         self._complete("resolve", effect_id, None)
 
     def _start(self, effect: Effect) -> None:
-        if effect.kind == TICK:
+        kind = effect.kind
+        if kind == TICK:
             self._on_tick(effect.id)
             return
-        loop = self._bind()
-        if effect.kind == MODEL:
+        loop = self._loop
+        assert loop is not None, "effects are delivered by a bound agent"
+        if kind == MODEL:
             task = loop.create_task(self._stream(effect), name=f"turnstile-model-{effect.id}")
             self._model_tasks[effect.id] = task
         else:
-            task = loop.create_task(self._settle(effect),
-                                    name=f"turnstile-{effect.kind}-{effect.id}")
+            signal_id = effect.payload.get("signal")
+            signal = self._signal(signal_id) if type(signal_id) is int else None
+            try:
+                work = self._env.start(effect, signal)
+            except BaseException as exc:    # a synchronous flush failed (or a runtime bug)
+                self._answer_now(self._core.fail, effect.id, error_info(exc))
+                if isinstance(exc, EXITS):
+                    self._contain(exc, "the session sink's flush")
+                return
+            if isinstance(work, Immediate):
+                self._answer_now(self._core.resolve, effect.id, work.value)
+                return
+            task = loop.create_task(self._settle(effect.id, work),
+                                    name=f"turnstile-{kind}-{effect.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _settle(self, effect: Effect) -> None:
+    async def _settle(self, effect_id: int, work: Work) -> None:
+        """Await *work* and complete its effect, whatever it raises (RT9, RT18)."""
         try:
-            value = await self._work(effect)
+            value = await work
         except asyncio.CancelledError as exc:
             if _cancelled_from_outside():
+                self._complete("raise", effect_id, CANCELLED)
                 raise
-            self._complete("raise", effect.id, error_info(exc))   # the work's own CancelledError
-        except Exception as exc:
-            self._complete("raise", effect.id, error_info(exc))
+            self._complete("raise", effect_id, error_info(exc))   # the work's own CancelledError
+        except BaseException as exc:
+            self._complete("raise", effect_id, error_info(exc))
+            if isinstance(exc, EXITS):
+                raise
         else:
-            self._complete("resolve", effect.id, value)
-
-    async def _work(self, effect: Effect) -> object:
-        signal = self._signal(_int(effect.payload, "signal")) if "signal" in effect.payload else None
-        preparer = self.model if isinstance(self.model, RequestPreparer) else None
-        return await perform(effect, signal, hooks=self.hooks, tools=self.tools,
-                             system=self.system, store=self.store, preparer=preparer)
+            self._complete("resolve", effect_id, value)
 
     async def _stream(self, effect: Effect) -> None:
         payload, effect_id = effect.payload, effect.id
@@ -472,7 +737,7 @@ class Agent:
                          self._signal(_int(payload, "signal")), header, effect.history or ())
         iterator: AsyncIterator[Chunk] | None = None
         try:
-            iterator = aiter(self.model.stream(call))
+            iterator = aiter(self._model.stream(call))
             while effect_id not in self._released:
                 try:
                     chunk = await anext(iterator)
@@ -486,11 +751,14 @@ class Agent:
                 if current is not None:
                     current.uncancel()
             elif _cancelled_from_outside():
+                self._complete("raise", effect_id, CANCELLED)
                 raise
             else:
                 self._complete("raise", effect_id, error_info(exc))
-        except Exception as exc:
+        except BaseException as exc:
             self._complete("raise", effect_id, error_info(exc))
+            if isinstance(exc, EXITS):
+                raise
         finally:
             self._model_tasks.pop(effect_id, None)
             self._released.discard(effect_id)
@@ -507,8 +775,32 @@ class Agent:
         if task is not asyncio.current_task():
             task.cancel()
 
-    async def _finish_disposal(self, waiter: asyncio.Future[None]) -> None:
-        await waiter
+    def _pending(self) -> list[str]:
+        return [_describe_effect(effect) for effect in self._core.outstanding()]
+
+    async def _bounded(self, waiter: asyncio.Future[None], timeout: float, what: str) -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout)
+        except TimeoutError:
+            raise AgentTimeoutError(f"{what}: not reached after {timeout:g} s",
+                                    self._pending()) from None
+
+    async def _finish_disposal(self, waiter: asyncio.Future[None], timeout: float | None
+                               ) -> None:
+        if timeout is None:
+            await waiter
+        else:
+            try:
+                await asyncio.wait_for(asyncio.shield(waiter), timeout)
+            except TimeoutError:
+                pending = self._pending()
+                current = asyncio.current_task()
+                stuck = [t for t in self._tasks if t is not current and not t.done()]
+                LOGGER.warning("dispose: teardown not reached after %g s; cancelling the work "
+                               "still running: %s", timeout, ", ".join(pending) or "none")
+                for task in stuck:
+                    task.cancel()
+                await self._bounded(waiter, timeout, "dispose")
         current = asyncio.current_task()
         leftovers = [t for t in self._tasks if t is not current and not t.done()]
         for task in leftovers:           # nothing the core waits for: orphaned work
@@ -525,6 +817,26 @@ class Agent:
             self._minted += 1
             return user_message(f"user-{self._minted}", message)
         return message
+
+
+def _check_timeout(timeout: float | None) -> None:
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not math.isfinite(timeout) or timeout <= 0:
+        raise ValidationError("timeout", "must be a positive finite number of seconds or None, "
+                              f"not {timeout!r}")
+
+
+def _report_text(report: LoadReport) -> str:
+    parts = [str(damage) for damage in report.damage]
+    if report.truncated_bytes:
+        parts.append(f"a torn final record of {report.truncated_bytes} bytes cut off")
+    if report.closers_appended:
+        parts.append(f"{report.closers_appended} repair closer(s) appended")
+    if report.quarantine:
+        parts.append(f"the damaged original moved to {report.quarantine}")
+    return "; ".join(parts)
 
 
 def _cancelled_from_outside() -> bool:

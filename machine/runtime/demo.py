@@ -35,7 +35,7 @@ from machine.log import validate_events
 from machine.runtime.agent import Agent
 from machine.runtime.hooks import Next, PromptSubmit
 from machine.runtime.model import Hang, ScriptedModel, calls_reply, text_reply
-from machine.runtime.store import InMemorySessionStore
+from machine.runtime.sink import InMemorySink
 from machine.runtime.tools import Tool, ToolCall
 from machine.specfiles import CHECKOUT_SPECS, SHIPPED_SPECS, spec_root
 from machine.vocabulary import Block, PromptDecision, ToolResult, user_message
@@ -220,10 +220,10 @@ class _Printer:
         self.line(s(f"  {kind:<4} {seq:>5}  ", "2") + s(f"{type_:<24}", colour) + " " + detail)
 
 
-async def _session(printer: _Printer) -> tuple[Agent, InMemorySessionStore]:
+async def _session(printer: _Printer) -> tuple[Agent, InMemorySink]:
     """The narrated session; returns the disposed agent and its store."""
     clock = iter(range(CLOCK_START, CLOCK_START + 10**6))
-    store = InMemorySessionStore()
+    store = InMemorySink()
     model = ScriptedModel([
         text_reply("build/  src/  README.md", pieces=2),
         text_reply("src/ holds main.py and db.py."),
@@ -254,7 +254,7 @@ async def _session(printer: _Printer) -> tuple[Agent, InMemorySessionStore]:
         return await next_()
 
     agent = Agent(model, tools=[Tool("read", read, "parallel", "Read a file.")],
-                  store=store, clock=lambda: next(clock))
+                  sink=store, clock=lambda: next(clock))
     agent.hooks.prompt_submit.use(guard)
     outputs: list[Output] = []
     agent.observe(outputs.append)

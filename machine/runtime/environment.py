@@ -1,17 +1,33 @@
-"""What the runtime does for each effect kind (reference §3.5; specs/runtime.md RT8-RT12).
+"""What the runtime does for each effect kind (reference §3.5; specs/runtime.md RT5, RT8-RT12).
 
-`perform` maps one effect request (other than ``tick`` and ``model``) to the
-agent's extension points, system prompt, request preparation, tools and
-session store, and returns the value to resolve it with (an exception it
-raises is the effect's raised error). The asyncio `Agent` awaits it in a task;
-`machine.testing` runs it synchronously against the scripted driver, so the
-same handlers can be property-tested against the core.
+An `Environment` maps one effect request (other than ``tick`` and ``model``)
+to the agent's extension points, system prompt, request preparation, tools,
+retry policy and session sink. `Environment.start` begins the work when the
+effect is delivered and returns either the coroutine to await (an exception it
+raises is the effect's raised error) or, when no code of the user's would run,
+the value itself as an `Immediate`:
+
+* a hook point with no handlers (its default: ``{kind:'allow'}``, ``None``,
+  the seed header, no retry);
+* a system prompt that is a value rather than a function;
+* a tool stage the tool does not define (prepare: dispatch; finalize: the
+  body's result as it is), or a call naming no tool (the ``UNKNOWN_TOOL``
+  result);
+* a synchronous sink flush (``flush()`` returning ``None``, as the default
+  `InMemorySink` and `PersistentSession` do): it runs at the delivery, like
+  the sink's ``append``.
+
+Either way the result enters the core on the next pass of the event loop
+(RT5); an immediate value only saves the task. The asyncio `Agent` awaits the
+coroutines in tasks; `machine.testing` runs them synchronously against the
+scripted driver (`perform`), so the same handlers can be property-tested
+against the core.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TypeAlias
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Final, TypeAlias
 
 from machine.errors import ProtocolError
 from machine.io import (
@@ -34,75 +50,176 @@ from machine.runtime.hooks import (
     PromptSubmit,
     RequestContext,
     RequestErrorContext,
-    RetryAction,
     StepContext,
     TurnStopping,
 )
 from machine.runtime.model import RequestDraft, RequestPreparer, default_header
+from machine.runtime.retry import RetryAction, RetryPolicy
 from machine.runtime.signal import Signal
-from machine.runtime.store import SessionStore
-from machine.runtime.tools import ToolCall, ToolRegistry, run_body, run_finalize, run_prepare
-from machine.vocabulary import ALLOW, Allow, Block, ErrorInfo, LlmFailure, Message
+from machine.runtime.sink import SessionSink
+from machine.runtime.tools import ToolCall, ToolRegistry, result_json, run_body, unknown_tool_result
+from machine.vocabulary import ALLOW, Allow, Block, ErrorInfo, LlmFailure, Message, ToolResult
 
-__all__ = ["SystemPrompt", "perform"]
+__all__ = ["Environment", "Immediate", "SystemPrompt", "perform"]
 
 #: The system prompt: a JSON value, or an async function of the step.
 SystemPrompt: TypeAlias = Callable[[StepContext], Awaitable[JsonValue]]
+#: The work of one effect, not yet awaited.
+Work: TypeAlias = Coroutine[Any, Any, object]
+
+_ALLOW_JSON: Final = FrozenDict({"kind": "allow"})
+
+
+class Immediate:
+    """The value of an effect whose work runs none of the user's code (see the module
+    docstring)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+
+_NOTHING: Final = Immediate(None)
 
 
 def _int(payload: FrozenDict, key: str) -> int:
-    value = payload.get(key)
-    assert isinstance(value, int), f"effect payload {key!r} is not an int"
+    value = payload[key]
+    assert type(value) is int, f"effect payload {key!r} is not an int"
     return value
 
 
-async def perform(effect: Effect, signal: Signal | None, *, hooks: Hooks, tools: ToolRegistry,
-                  system: JsonValue | SystemPrompt, store: SessionStore,
-                  preparer: RequestPreparer | None) -> object:
-    """The resolved value of *effect* (see the module docstring); *signal* is its signal."""
-    payload, kind = effect.payload, effect.kind
-    if kind == FLUSH:
-        await store.flush()
-        return None
-    assert signal is not None, f"a {kind!r} effect carries a signal"
-    if kind == PROMPT_SUBMIT:
-        message = Message.from_json(payload["message"])
-        decision = await hooks.prompt_submit.run(PromptSubmit(message, signal), ALLOW)
+class Environment:
+    """The agent's side of every effect but ``tick`` and ``model`` (see the module docstring).
+
+    *preparer* is the model adapter's ``prepare`` part (`RequestPreparer`) or ``None``;
+    the agent decides it once, at construction."""
+
+    __slots__ = ("hooks", "preparer", "retry_policy", "sink", "system", "tools")
+
+    def __init__(self, *, hooks: Hooks, tools: ToolRegistry, system: JsonValue | SystemPrompt,
+                 sink: SessionSink, preparer: RequestPreparer | None,
+                 retry_policy: RetryPolicy) -> None:
+        self.hooks = hooks
+        self.tools = tools
+        self.system = system
+        self.sink = sink
+        self.preparer = preparer
+        self.retry_policy = retry_policy
+
+    def start(self, effect: Effect, signal: Signal | None) -> Work | Immediate:
+        """Begin *effect*'s work: the coroutine to await, or its value (`Immediate`).
+
+        Hook handler lists are snapshotted here, at the effect's delivery."""
+        payload, kind = effect.payload, effect.kind
+        if kind == FLUSH:
+            flushing = self.sink.flush()        # synchronous like append, or an awaitable
+            return _NOTHING if flushing is None else _awaited(flushing)
+        assert signal is not None, f"a {kind!r} effect carries a signal"
+        hooks = self.hooks
+        if kind == PROMPT_SUBMIT:
+            chain = hooks.prompt_submit.snapshot()
+            if not chain:
+                return Immediate(_ALLOW_JSON)
+            return self._prompt_submit(Message.from_json(payload["message"]), signal, chain)
+        if kind == TURN_STOPPING:
+            stopping = hooks.turn_stopping.snapshot()
+            if not stopping:
+                return _NOTHING
+            return hooks.turn_stopping.run(TurnStopping(_int(payload, "turn"), signal), stopping)
+        turn, step = _int(payload, "turn"), _int(payload, "step")
+        if kind == STEP_HOOK:
+            serial = hooks.step.snapshot()
+            if not serial:
+                return _NOTHING
+            return hooks.step.run(StepContext(turn, step, signal), serial)
+        if kind == SYSTEM_PROMPT:
+            system = self.system
+            if callable(system):
+                return _stage_value(system, StepContext(turn, step, signal))
+            return Immediate(system)
+        if kind == REQUEST:
+            seed = payload["config"]
+            assert isinstance(seed, FrozenDict)
+            prompt: Frozen = payload.get("system")
+            request = hooks.request.snapshot()
+            if not request and self.preparer is None:
+                return Immediate(default_header(
+                    RequestDraft(turn, step, signal, seed, prompt, self.tools.spec_tuple())))
+            return self._request(RequestContext(turn, step, signal, seed, prompt), request)
+        if kind == REQUEST_ERROR:
+            recovery = hooks.request_error.snapshot()
+            if not recovery:
+                return _NOTHING
+            prior = payload.get("priorFailures")
+            context = RequestErrorContext(
+                turn, step, signal, ErrorInfo.from_json(payload["error"]),
+                LlmFailure.from_json(payload["failure"]),
+                tuple(LlmFailure.from_json(f) for f in prior) if isinstance(prior, FrozenList)
+                else (), self.retry_policy)
+            return self._request_error(context, recovery)
+        if kind in (TOOL_PREPARE, TOOL_EXECUTE, TOOL_FINALIZE):
+            return self._tool_stage(kind, payload, turn, step, signal)
+        raise ProtocolError(f"no runtime work for effect kind {kind!r}")
+
+    # -- the work of each kind ------------------------------------------------
+
+    async def _prompt_submit(self, message: Message, signal: Signal,
+                             chain: tuple[Any, ...]) -> object:
+        decision = await self.hooks.prompt_submit.run(PromptSubmit(message, signal), ALLOW, chain)
         return decision.to_json() if isinstance(decision, (Allow, Block)) else decision
-    if kind == TURN_STOPPING:
-        await hooks.turn_stopping.run(TurnStopping(_int(payload, "turn"), signal))
-        return None
-    turn, step = _int(payload, "turn"), _int(payload, "step")
-    if kind == STEP_HOOK:
-        await hooks.step.run(StepContext(turn, step, signal))
-        return None
-    if kind == SYSTEM_PROMPT:
-        if callable(system):
-            return await system(StepContext(turn, step, signal))
-        return system
-    if kind == REQUEST:
-        seed = payload["config"]
-        assert isinstance(seed, FrozenDict)
-        prompt: Frozen = payload.get("system")
-        config = await hooks.request.run(RequestContext(turn, step, signal, seed, prompt), seed)
-        draft = RequestDraft(turn, step, signal, config, prompt, tuple(tools.specs()))
-        if preparer is not None:
-            return await preparer.prepare(draft)
+
+    async def _request(self, context: RequestContext, chain: tuple[Any, ...]) -> object:
+        config = await self.hooks.request.run(context, context.config, chain)
+        draft = RequestDraft(context.turn, context.step, context.signal, config, context.system,
+                             self.tools.spec_tuple())
+        if self.preparer is not None:
+            return await self.preparer.prepare(draft)
         return default_header(draft)
-    if kind == REQUEST_ERROR:
-        prior = payload.get("priorFailures")
-        context = RequestErrorContext(
-            turn, step, signal, ErrorInfo.from_json(payload["error"]),
-            LlmFailure.from_json(payload["failure"]),
-            tuple(LlmFailure.from_json(f) for f in prior) if isinstance(prior, FrozenList) else ())
-        action = await hooks.request_error.run(context, None)
+
+    async def _request_error(self, context: RequestErrorContext, chain: tuple[Any, ...]
+                             ) -> object:
+        action = await self.hooks.request_error.run(context, None, chain)
         return action.to_json() if isinstance(action, RetryAction) else action
-    call = ToolCall(str(payload["callId"]), str(payload["name"]), thaw(payload["arguments"]),
-                    turn, step, signal)
-    if kind == TOOL_PREPARE:
-        return await run_prepare(tools, call)
-    if kind == TOOL_EXECUTE:
-        return await run_body(tools, call)
-    if kind == TOOL_FINALIZE:
-        return await run_finalize(tools, call, thaw(payload["result"]))
-    raise ProtocolError(f"no runtime work for effect kind {kind!r}")
+
+    def _tool_stage(self, kind: str, payload: FrozenDict, turn: int, step: int,
+                    signal: Signal) -> Work | Immediate:
+        name = str(payload["name"])
+        found = self.tools.get(name)
+        if kind == TOOL_FINALIZE and (found is None or found.finalize is None):
+            return Immediate(payload["result"])     # the body's result as it is
+        if found is None:
+            return Immediate(unknown_tool_result(name))
+        if kind == TOOL_PREPARE and found.prepare is None:
+            return _NOTHING
+        call = ToolCall(str(payload["callId"]), name, thaw(payload["arguments"]), turn, step,
+                        signal)
+        if kind == TOOL_EXECUTE:
+            return run_body(found, call)
+        if kind == TOOL_PREPARE:
+            assert found.prepare is not None
+            return _stage(found.prepare, call)
+        assert found.finalize is not None
+        return _stage(found.finalize, call, ToolResult.from_json(payload["result"]))
+
+
+async def _stage_value(function: SystemPrompt, context: StepContext) -> object:
+    """Call the system prompt function in the task (never at delivery)."""
+    return await function(context)
+
+
+async def _awaited(awaitable: Awaitable[object]) -> object:
+    return await awaitable
+
+
+async def _stage(stage: Callable[..., Awaitable[Any]], *arguments: object) -> JsonValue:
+    """Call a tool stage in the task (never at delivery) and take its output as JSON."""
+    return result_json(await stage(*arguments))
+
+
+async def perform(environment: Environment, effect: Effect, signal: Signal | None) -> object:
+    """The resolved value of *effect* (an exception raised is its raised error)."""
+    started = environment.start(effect, signal)
+    if isinstance(started, Immediate):
+        return started.value
+    return await started

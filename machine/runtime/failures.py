@@ -9,13 +9,43 @@ becomes the effect's raised error, described as data by `error_info`:
   ``failure: LlmFailure``, the failure facts that make it a *model failure*).
 
 `ModelFailure` is the ready-made model failure for adapters.
+
+Exceptions that are not `Exception`s (specs/runtime.md RT18): the work's
+``KeyboardInterrupt`` and ``SystemExit`` (`EXITS`) fail its effect and then
+propagate; a cancellation of the work's task from outside fails the effect with
+`CANCELLED` and propagates; every other ``BaseException`` is contained like an
+``Exception``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Final
+
+from machine.errors import TurnstileError
 from machine.vocabulary import ErrorInfo, LlmFailure
 
-__all__ = ["ModelFailure", "RaisedError", "error_info"]
+__all__ = ["CANCELLED", "EXITS", "AgentTimeoutError", "ModelFailure", "RaisedError",
+           "error_info"]
+
+#: The exceptions that leave the runtime after it has recorded them (RT18).
+EXITS: Final = (KeyboardInterrupt, SystemExit)
+
+#: The error of an effect whose task was cancelled from outside (RT18).
+CANCELLED: Final = ErrorInfo("the work's task was cancelled", "CancelledError", "CANCELLED")
+
+
+class AgentTimeoutError(TurnstileError, TimeoutError):
+    """A bounded wait of the runtime (`Agent.when_idle`, `Agent.dispose`) ran out (RT19).
+
+    ``pending`` describes the work still outstanding, e.g. ``"tool-execute 12 (read)"``."""
+
+    code = "AGENT_TIMEOUT"
+
+    def __init__(self, message: str, pending: Sequence[str]) -> None:
+        self.pending = tuple(pending)
+        detail = ", ".join(self.pending) if self.pending else "nothing outstanding"
+        super().__init__(f"{message} (outstanding: {detail})")
 
 
 class RaisedError(Exception):

@@ -9,13 +9,15 @@ Two compositions:
   it; the innermost result is the default.
 * `Serial`: handlers are awaited one by one in registration order.
 
-The handler list is snapshotted when the point is invoked. A handler's
-exception propagates into the loop (it becomes the effect's raised error).
+The handler list is snapshotted when the point is invoked (by the agent: when
+its effect is delivered). A handler's exception propagates into the loop (it
+becomes the effect's raised error).
 
 `Hooks` bundles the five points of an agent: ``prompt_submit`` (waterfall
 over the `PromptDecision`), ``step`` and ``turn_stopping`` (serial),
 ``request`` (waterfall over the request config) and ``request_error``
-(waterfall over `RetryAction | None`).
+(waterfall over `RetryAction | None`; its handlers also get the agent's
+`RetryPolicy`, machine/runtime/retry.py).
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from dataclasses import dataclass, field
 from typing import Final, Generic, TypeAlias, TypeVar
 
 from machine.jsonvalue import Frozen, FrozenDict
+from machine.runtime.retry import RETRY, RetryAction, RetryPolicy
 from machine.runtime.signal import Signal
 from machine.vocabulary import ErrorInfo, LlmFailure, Message, PromptDecision
 
 __all__ = ["RETRY", "Hooks", "JsonValue", "Next", "PromptSubmit", "RequestContext",
-           "RequestErrorContext", "RetryAction", "Serial", "SerialHandler", "StepContext",
+           "RequestErrorContext", "RetryAction", "RetryPolicy", "Serial", "SerialHandler", "StepContext",
            "TurnStopping", "Unsubscribe", "Waterfall", "WaterfallHandler"]
 
 #: A JSON value as plain or frozen data (rule V1), without ``Any``.
@@ -72,9 +75,16 @@ class Waterfall(Generic[C, T]):
             self._handlers.append(handler)
         return _remover(self._handlers, handler)  # type: ignore[arg-type]
 
-    async def run(self, context: C, default: T) -> T:
-        """Run the chain over a snapshot of the handlers; *default* is the innermost result."""
-        handlers = tuple(self._handlers)
+    def snapshot(self) -> tuple[WaterfallHandler[C, T], ...]:
+        """The handlers now registered, outermost first (what an invocation runs)."""
+        return tuple(self._handlers)
+
+    async def run(self, context: C, default: T,
+                  handlers: tuple[WaterfallHandler[C, T], ...] | None = None) -> T:
+        """Run the chain over a snapshot of the handlers (taken now, or *handlers* taken
+        earlier); *default* is the innermost result."""
+        if handlers is None:
+            handlers = tuple(self._handlers)
 
         async def call(index: int) -> T:
             if index == len(handlers):
@@ -101,8 +111,14 @@ class Serial(Generic[C]):
             self._handlers.append(handler)
         return _remover(self._handlers, handler)  # type: ignore[arg-type]
 
-    async def run(self, context: C) -> None:
-        for handler in tuple(self._handlers):
+    def snapshot(self) -> tuple[SerialHandler[C], ...]:
+        """The handlers now registered, in order (what an invocation runs)."""
+        return tuple(self._handlers)
+
+    async def run(self, context: C, handlers: tuple[SerialHandler[C], ...] | None = None
+                  ) -> None:
+        """Await the handlers (a snapshot taken now, or *handlers* taken earlier) in order."""
+        for handler in tuple(self._handlers) if handlers is None else handlers:
             await handler(context)
 
 
@@ -147,9 +163,15 @@ class RequestContext:
     system: Frozen
 
 
+_DEFAULT_POLICY: Final = RetryPolicy()
+
+
 @dataclass(frozen=True, slots=True)
 class RequestErrorContext:
-    """request-error: a final request failure (after the failed step's ``step/end``)."""
+    """request-error: a final request failure (after the failed step's ``step/end``).
+
+    ``prior_failures`` are the chain's earlier consecutive failures, oldest first;
+    ``retry_policy`` is the agent's `RetryPolicy` (the reference's ``retryPolicy``)."""
 
     turn: int
     step: int
@@ -157,17 +179,7 @@ class RequestErrorContext:
     error: ErrorInfo
     failure: LlmFailure
     prior_failures: tuple[LlmFailure, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class RetryAction:
-    """The request-error result that asks for a retry turn (``{kind:'retry'}``)."""
-
-    def to_json(self) -> dict[str, str]:
-        return {"kind": "retry"}
-
-
-RETRY: Final = RetryAction()
+    retry_policy: RetryPolicy = _DEFAULT_POLICY
 
 
 def _prompt_submit() -> Waterfall[PromptSubmit, PromptDecision]:

@@ -38,7 +38,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias, runtime_checkable
 
-from machine.jsonvalue import Frozen, FrozenDict
+from machine.jsonvalue import Frozen, FrozenDict, FrozenList
+from machine.payloads import header_config, header_tools
 from machine.runtime.failures import RaisedError
 from machine.runtime.hooks import JsonValue
 from machine.runtime.signal import AbortError, Signal
@@ -64,16 +65,17 @@ class ModelCall:
 
     @property
     def config(self) -> FrozenDict:
-        config = self.header.get("config")
-        return config if isinstance(config, FrozenDict) else FrozenDict()
+        """The header's config: ``provider``, ``model`` and the request options."""
+        return header_config(self.header)
 
     @property
     def system(self) -> Frozen:
         return self.header.get("system")
 
     @property
-    def tools(self) -> Frozen:
-        return self.header.get("tools")
+    def tools(self) -> FrozenList:
+        """The header's tool specs (empty when there are none)."""
+        return header_tools(self.header)
 
 
 class ModelAdapter(Protocol):

@@ -40,6 +40,7 @@ from machine.conformance.subjects import fake_clock, raise_kind
 from machine.conformance.vectors import COMPLETIONS, Vector, config_from_json, seed_events
 from machine.core import CoreConfig
 from machine.errors import TurnstileError
+from machine.events import Event
 from machine.io import (
     FLUSH,
     MODEL,
@@ -72,12 +73,12 @@ from machine.runtime.hooks import (
     Next,
     PromptSubmit,
     RequestErrorContext,
-    RetryAction,
     StepContext,
     TurnStopping,
 )
 from machine.runtime.model import ModelCall, RequestDraft
-from machine.runtime.store import InMemorySessionStore
+from machine.runtime.retry import RetryAction
+from machine.runtime.sink import InMemorySink
 from machine.runtime.tools import Tool, ToolCall, ToolMode, ToolOutput, ToolRegistry, _Verbatim
 from machine.vocabulary import ErrorInfo, PromptDecision, ToolResult
 
@@ -211,14 +212,19 @@ class _Puppet:
         return _Verbatim(cast(JsonValue, await self.value(TOOL_FINALIZE)))
 
 
-class _PuppetStore(InMemorySessionStore):
+class _PuppetSink:
+    """Keeps the events (an `InMemorySink`); each flush waits for the script first."""
+
     def __init__(self, puppet: _Puppet) -> None:
-        super().__init__()
         self.puppet = puppet
+        self.kept = InMemorySink()
+
+    def append(self, event: Event) -> None:
+        self.kept.append(event)
 
     async def flush(self) -> None:
         await self.puppet.value(FLUSH)
-        await super().flush()
+        self.kept.flush()
 
 
 def _agent(config: CoreConfig, puppet: _Puppet, session: SessionLog | None) -> Agent:
@@ -238,7 +244,7 @@ def _agent(config: CoreConfig, puppet: _Puppet, session: SessionLog | None) -> A
     agent = Agent(puppet, tools=registry, hooks=hooks, system=puppet.system,
                   request_options=dict(config.request_options),
                   max_parallel_tool_calls=config.max_parallel_tool_calls,
-                  store=_PuppetStore(puppet), session=session,
+                  sink=_PuppetSink(puppet), session=session,
                   session_start=config.session_start, publish=config.publish,
                   clock=lambda: next(clock))
     agent._on_tick = puppet.ticks.add        # ticks wait for the script too
@@ -385,7 +391,8 @@ async def replay(placed: Sequence[Placed], config: CoreConfig, *,
     return result
 
 
-def _order(applied: Resolve | Raise | Chunk | End) -> tuple[str, object]:
+def _order(applied: Resolve | Raise | Chunk | End
+           ) -> tuple[Literal["resolve", "raise", "chunk", "end"], object]:
     if isinstance(applied, Resolve):
         return "resolve", applied.value
     if isinstance(applied, Raise):

@@ -95,16 +95,24 @@ class Signal:
     def _abort(self, reason: CancelCause) -> None:
         """Runtime only: abort once (first cause wins) and run the listeners in order.
 
-        A listener's exception is contained: logged at WARNING, the next listener runs."""
+        A listener's exception is contained: logged at WARNING, the next listener runs. A
+        ``KeyboardInterrupt`` or ``SystemExit`` is raised again once every listener has run
+        and every waiter is woken (specs/runtime.md RT18)."""
         if self._reason is not None:
             return
         self._reason = reason
+        exit_: BaseException | None = None
         for listener in tuple(self._listeners):
             try:
                 listener(reason)
-            except Exception as exc:
+            except BaseException as exc:
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)) and exit_ is None:
+                    exit_ = exc
+                    continue
                 LOGGER.warning("abort listener of signal %d raised: %s: %s",
                                self.id, type(exc).__name__, exc)
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_result(reason)
+        if exit_ is not None:
+            raise exit_

@@ -23,21 +23,52 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Final, Literal, TypeAlias, TypeVar, overload
 
+from machine.errors import ValidationError
 from machine.runtime.hooks import JsonValue
 from machine.runtime.signal import Signal
 from machine.vocabulary import ToolResult
 
-__all__ = ["Tool", "ToolCall", "ToolMode", "ToolOutput", "ToolRegistry", "tool"]
+__all__ = ["Tool", "ToolArgumentError", "ToolCall", "ToolMode", "ToolOutput", "ToolRegistry",
+           "tool"]
 
 ToolMode: TypeAlias = Literal["exclusive", "parallel"]
+
+T = TypeVar("T")
+D = TypeVar("D")
+
+
+class ToolArgumentError(ValidationError):
+    """A tool's arguments are not what it needs (raised by `ToolCall.arg` and
+    `ToolCall.params`). From a body it becomes an error result the model can read."""
+
+    code = "INVALID_TOOL_ARGUMENTS"
+
+
+class _Missing:
+    __slots__ = ()
+
+
+_MISSING: Final = _Missing()
+
+
+def _type_name(kind: type) -> str:
+    return {str: "a string", int: "an integer", float: "a number", bool: "a boolean",
+            list: "an array", dict: "an object"}.get(kind, f"a {kind.__name__}")
 
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
     """One planned call (reference §10.1): ``arguments`` is the parsed JSON value of the
-    model's argument text (``{}`` for empty text, the raw string if it is not JSON)."""
+    model's argument text (``{}`` for empty text, the raw string if it is not JSON), as plain
+    lists and dicts.
+
+    `arg` and `params` read it with types a type checker understands::
+
+        path = call.arg("path", str)              # a str, or ToolArgumentError
+        limit = call.arg("limit", int, 100)       # an int, 100 when absent
+    """
 
     call_id: str
     name: str
@@ -45,6 +76,38 @@ class ToolCall:
     turn: int
     step: int
     signal: Signal
+
+    @property
+    def params(self) -> Mapping[str, JsonValue]:
+        """The arguments as a JSON object; `ToolArgumentError` if they are anything else."""
+        arguments = self.arguments
+        if not isinstance(arguments, Mapping):
+            raise ToolArgumentError("arguments", "must be a JSON object, not "
+                                    f"{type(arguments).__name__} {arguments!r:.80}")
+        return arguments
+
+    @overload
+    def arg(self, name: str, kind: type[T]) -> T: ...
+
+    @overload
+    def arg(self, name: str, kind: type[T], default: D) -> T | D: ...
+
+    def arg(self, name: str, kind: type[T], default: object = _MISSING) -> object:
+        """The argument *name*, checked to be of JSON type *kind* (``str``, ``int``,
+        ``float``, ``bool``, ``list`` or ``dict``); *default* when it is absent (or null),
+        else `ToolArgumentError` naming what is wrong. ``float`` accepts integers too
+        (returned as floats); ``int`` and ``float`` refuse booleans."""
+        value = self.params.get(name)
+        if value is None:
+            if default is not _MISSING:
+                return default
+            raise ToolArgumentError(f"arguments.{name}", "is required")
+        if kind is float and type(value) is int:
+            return float(value)
+        if isinstance(value, kind) and not (isinstance(value, bool) and kind in (int, float)):
+            return value
+        raise ToolArgumentError(f"arguments.{name}", f"must be {_type_name(kind)}, not "
+                                f"{type(value).__name__} {value!r:.80}")
 
 
 class _Verbatim:
@@ -112,6 +175,7 @@ class ToolRegistry:
                 raise ValueError(f"duplicate tool name {item.name!r}")
             self._tools[item.name] = item
         self.fallback = fallback
+        self._specs: tuple[JsonValue, ...] | None = None
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools
@@ -129,7 +193,15 @@ class ToolRegistry:
         return {name: item.mode for name, item in self._tools.items()}
 
     def specs(self) -> list[JsonValue]:
-        return [item.spec() for item in self._tools.values()]
+        """The tool specs a request header advertises (a new list)."""
+        return list(self.spec_tuple())
+
+    def spec_tuple(self) -> tuple[JsonValue, ...]:
+        """`specs` as a tuple computed once (the registry's tools never change)."""
+        specs = self._specs
+        if specs is None:
+            specs = self._specs = tuple(item.spec() for item in self._tools.values())
+        return specs
 
 
 # --------------------------------------------------------------------------
@@ -156,25 +228,9 @@ def unknown_tool_result(name: str) -> dict[str, JsonValue]:
                       "code": "UNKNOWN_TOOL"}}
 
 
-async def run_prepare(registry: ToolRegistry, call: ToolCall) -> JsonValue:
-    found = registry.get(call.name)
-    if found is None:
-        return unknown_tool_result(call.name)
-    if found.prepare is None:
-        return None
-    return result_json(await found.prepare(call))
-
-
-async def run_body(registry: ToolRegistry, call: ToolCall) -> JsonValue:
-    found = registry.get(call.name)
-    if found is None:
-        return unknown_tool_result(call.name)
-    return result_json(await found.run(call))  # an exception is a raise: R10.12
-
-
-async def run_finalize(registry: ToolRegistry, call: ToolCall, result: JsonValue) -> JsonValue:
-    found = registry.get(call.name)
-    if found is None or found.finalize is None:
-        return result
-    return result_json(await found.finalize(call, ToolResult.from_json(result)))
-
+async def run_body(found: Tool, call: ToolCall) -> JsonValue:
+    """Run the body of *found*. An `Exception` is reported to the core as the stage's raise,
+    and the core turns it into the error result ``Error: <message>`` (R10.12), as the
+    original's tool runner does; a `BaseException` that is not an `Exception` is the
+    runtime's business (RT18)."""
+    return result_json(await found.run(call))

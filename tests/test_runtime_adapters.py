@@ -1,0 +1,455 @@
+"""The provider adapters through the real SDKs against the local fake server (specs/runtime.md
+RT15): recorded and scripted SSE on 127.0.0.1, never the network."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from machine.errors import ValidationError
+from machine.events import Event
+from machine.payloads import AssistantMessageData, ToolCallData, TurnEndData
+from machine.runtime import Agent, ModelAdapter, Tool, ToolCall, retry_request
+from machine.runtime.adapters.anthropic import SIGNATURE, AnthropicMessages, to_anthropic_messages
+from machine.runtime.adapters.common import (
+    NO_KEY,
+    classify_status,
+    closing_chunks,
+    context_label,
+    retry_after_ms,
+    usage,
+)
+from machine.runtime.adapters.fake_server import (
+    FakeServer,
+    RecordedRequest,
+    Reply,
+    anthropic_text,
+    anthropic_tool_calls,
+    openai_text,
+    sse_event,
+)
+from machine.runtime.adapters.openai import OpenAIChat, to_openai_messages
+from machine.runtime.retry import RetryPolicy
+from machine.vocabulary import Message, plugin_source, user_message
+
+SSE = Path(__file__).parent / "fixtures" / "sse"
+
+
+async def _read(call: ToolCall) -> str:
+    return f"contents of {call.arg('path', str)}"
+
+
+READ = Tool("read", _read, "parallel", "Read a file.",
+            {"type": "object", "properties": {"path": {"type": "string"}}})
+
+
+def converse(replies: Sequence[Reply], make: Callable[[FakeServer], ModelAdapter],
+             prompts: Sequence[str] = ("hi",), *, tools: Sequence[Tool] = (READ,),
+             setup: Callable[[Agent], None] | None = None
+             ) -> tuple[list[Event], list[RecordedRequest]]:
+    """Run *prompts* through an agent on *make(server)*; the log and the requests."""
+    async def main() -> tuple[list[Event], list[RecordedRequest]]:
+        async with FakeServer(replies) as server:
+            async with Agent(make(server), tools=tools, system="be brief") as agent:
+                if setup is not None:
+                    setup(agent)
+                for prompt in prompts:
+                    agent.followup(prompt)
+                await agent.when_idle(timeout=60)
+                events = list(agent.session.events)
+            return events, server.requests
+    return asyncio.run(main())
+
+
+def openai(server: FakeServer) -> OpenAIChat:
+    return OpenAIChat("fake-model", base_url=server.openai_base_url, provider="fakeai")
+
+
+def claude(server: FakeServer) -> AnthropicMessages:
+    return AnthropicMessages("fake-claude", base_url=server.base_url)
+
+
+def of(events: list[Event], type_: str) -> list[Event]:
+    return [e for e in events if e.type == type_]
+
+
+def ends(events: list[Event]) -> list[TurnEndData]:
+    return [e.data_as(TurnEndData) for e in of(events, "turn/end")]
+
+
+def failure_of(events: list[Event]) -> dict[str, Any]:
+    reason = ends(events)[-1].reason
+    assert reason.kind == "error" and reason.failure is not None, reason
+    return reason.failure.to_json()
+
+
+# --------------------------------------------------------------------------
+# OpenAI-compatible: recorded streams
+# --------------------------------------------------------------------------
+
+
+def test_RT15_openai_streams_text_deltas_and_reports_usage_from_a_recorded_stream() -> None:
+    events, requests = converse([Reply.from_file(SSE / "openai-text.sse")], openai)
+    chunks = [e.data["chunk"] for e in of(events, "assistant/chunk")]
+    assert [c["text"] for c in chunks if c["type"] == "text"] == ["The file", " says hello", "."]
+    message = of(events, "assistant/message")[0].data_as(AssistantMessageData)
+    assert message.message.text == "The file says hello."
+    assert message.message.source == {"kind": "model", "provider": "fakeai", "model": "fake-model"}
+    assert message.usage == {"inputTokens": 42, "outputTokens": 5, "totalTokens": 47,
+                             "cachedInputTokens": 32}
+    assert ends(events)[0].reason.kind == "completed"
+    body = requests[0].json
+    assert body["model"] == "fake-model" and body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    assert body["messages"] == [{"role": "system", "content": "be brief"},
+                                {"role": "user", "content": "hi"}]
+    assert body["tools"] == [{"type": "function", "function": {
+        "name": "read", "description": "Read a file.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+    assert requests[0].path == "/v1/chat/completions"
+
+
+def test_RT15_openai_maps_deepseek_reasoning_content_to_reasoning_chunks() -> None:
+    events, _ = converse([Reply.from_file(SSE / "deepseek-reasoning.sse")], openai)
+    chunks = [e.data["chunk"] for e in of(events, "assistant/chunk")]
+    assert [c["text"] for c in chunks if c["type"] == "reasoning"] == ["The user asks",
+                                                                       " for 2+2."]
+    message = of(events, "assistant/message")[0].data_as(AssistantMessageData)
+    assert [dict(b) for b in message.message.content] == [
+        {"type": "reasoning", "text": "The user asks for 2+2."}, {"type": "text", "text": "4"}]
+    assert message.usage == {"inputTokens": 12, "outputTokens": 9, "totalTokens": 21,
+                             "reasoningTokens": 7}
+
+
+def test_RT15_openai_assembles_tool_call_deltas_and_sends_the_results_back() -> None:
+    events, requests = converse([Reply.from_file(SSE / "openai-tool-calls.sse"),
+                                 openai_text("both read")], openai)
+    calls = [e.data_as(ToolCallData) for e in of(events, "tool/call")]
+    assert [(c.call_id, c.name, c.arguments) for c in calls] == [
+        ("call_Hk7q", "read", {"path": "a.txt"}), ("call_Zp3m", "read", {"path": "b.txt"})]
+    second = requests[1].json["messages"]
+    assert second[2] == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_Hk7q", "type": "function",
+         "function": {"name": "read", "arguments": '{"path": "a.txt"}'}},
+        {"id": "call_Zp3m", "type": "function",
+         "function": {"name": "read", "arguments": '{"path": "b.txt"}'}}]}
+    assert second[3:] == [
+        {"role": "tool", "tool_call_id": "call_Hk7q", "content": "contents of a.txt"},
+        {"role": "tool", "tool_call_id": "call_Zp3m", "content": "contents of b.txt"}]
+    assert [e.reason.kind for e in ends(events)] == ["completed"]
+
+
+def test_RT15_openai_length_stop_is_a_max_tokens_finish() -> None:
+    events, _ = converse([Reply.from_file(SSE / "openai-length.sse")], openai)
+    assert ends(events)[0].reason.kind == "max-tokens"
+    message = of(events, "assistant/message")[0].data_as(AssistantMessageData)
+    assert message.message.text == "Once upon a time"
+    assert message.usage == {"inputTokens": 9, "outputTokens": 4, "totalTokens": 13}
+
+
+# --------------------------------------------------------------------------
+# OpenAI-compatible: failures and their facts
+# --------------------------------------------------------------------------
+
+
+def test_RT15_openai_429_carries_retry_after_status_and_request_id() -> None:
+    events, _ = converse([Reply.error(429, {"error": {"message": "Rate limit reached",
+                                                      "type": "requests",
+                                                      "code": "rate_limit_exceeded"}},
+                                      {"retry-after": "2", "x-request-id": "req_123"})], openai)
+    assert failure_of(events) == {"message": "fakeai 429: Rate limit reached",
+                                  "code": "RATE_LIMITED", "status": 429,
+                                  "providerRetryAfterMs": 2000.0, "requestId": "req_123"}
+
+
+def test_RT15_openai_500_and_context_length_and_auth_are_classified() -> None:
+    replies = [Reply.error(500, {"error": {"message": "The server had an error"}}),
+               Reply.error(400, {"error": {"message": "This model's maximum context length is "
+                                           "8192 tokens", "code": "context_length_exceeded"}}),
+               Reply.error(401, {"error": {"message": "Incorrect API key provided"}})]
+    events, _ = converse(replies, openai, prompts=("a", "b", "c"))
+    assert [(r.reason.failure.code, r.reason.failure.status) for r in ends(events)
+            if r.reason.failure] == [("SERVER_ERROR", 500), ("CONTEXT_LENGTH_EXCEEDED", 400),
+                                     ("AUTHENTICATION_FAILED", 401)]
+
+
+def test_RT15_openai_a_connection_dropped_mid_stream_is_stream_interrupted() -> None:
+    events, _ = converse([openai_text("partial answer here", pieces=4).but(drop_after=3)],
+                         openai)
+    texts = [e.data["chunk"]["text"] for e in of(events, "assistant/chunk")]
+    assert "".join(texts) == "partial an"               # what arrived is logged
+    failure = failure_of(events)
+    assert failure["code"] == "STREAM_INTERRUPTED" and "cut off" in failure["message"]
+    assert not of(events, "assistant/message")
+
+
+def test_RT15_openai_a_malformed_event_is_a_malformed_response() -> None:
+    stream = sse_event({"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                        "choices": [{"index": 0, "delta": {"content": "a"}}]}) + \
+        "data: {not json\n\n"
+    events, _ = converse([Reply.from_sse(stream)], openai)
+    assert failure_of(events)["code"] == "MALFORMED_RESPONSE"
+
+
+def test_RT15_openai_an_error_event_mid_stream_and_a_missing_finish_are_failures() -> None:
+    error = Reply.from_sse(sse_event({"error": {"message": "overloaded mid-stream",
+                                                "type": "server_error", "code": "overloaded"}}))
+    unfinished = Reply.from_sse(sse_event({
+        "id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+        "choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None}]})
+        + sse_event("[DONE]"))
+    filtered = openai_text("no", finish="content_filter")
+    events, _ = converse([error, unfinished, filtered], openai, prompts=("a", "b", "c"))
+    codes = [r.reason.failure.code for r in ends(events) if r.reason.failure]
+    assert codes == ["OVERLOADED", "STREAM_INTERRUPTED", "CONTENT_FILTERED"]
+
+
+def test_RT15_openai_no_server_is_a_network_error() -> None:
+    async def closed_port() -> int:
+        async with FakeServer() as server:
+            return server.port
+    port = asyncio.run(closed_port())
+
+    def make(_server: FakeServer) -> OpenAIChat:
+        return OpenAIChat("m", base_url=f"http://127.0.0.1:{port}/v1", timeout=10)
+    events, _ = converse([], make)
+    assert failure_of(events)["code"] == "NETWORK_ERROR"
+
+
+def test_RT15_a_failure_is_retried_by_the_policy_as_a_new_turn() -> None:
+    policy = RetryPolicy(base_delay=0.001, jitter=0)
+    replies = [Reply.error(429, {"error": {"message": "slow down"}}, {"retry-after-ms": "5"}),
+               openai_text("done")]
+
+    def make(server: FakeServer) -> OpenAIChat:
+        return OpenAIChat("m", base_url=server.openai_base_url, retry_policy=policy)
+    events, requests = converse(replies, make,
+                                setup=lambda a: a.hooks.request_error.use(retry_request))
+    starts = [e.data["trigger"]["kind"] for e in of(events, "turn/start")]
+    assert starts == ["message", "retry"]
+    assert [e.reason.kind for e in ends(events)] == ["error", "completed"]
+    assert len(requests) == 2 and requests[1].json["messages"][-1] == {"role": "user",
+                                                                       "content": "hi"}
+
+
+def test_RT15_cancel_gives_up_a_held_stream_at_once() -> None:
+    """The adapter races its reads against the turn's signal: the server still holds the
+    stream when the turn has already ended aborted."""
+    async def main() -> list[Event]:
+        async with FakeServer([openai_text("never finished", pieces=3).but(hold_at=2)]) as server:
+            agent = Agent(openai(server))
+            async with agent:
+                first = asyncio.Event()
+                agent.on("assistant/chunk", lambda e: first.set())
+                agent.followup("hi")
+                await asyncio.wait_for(first.wait(), 30)
+                agent.cancel()
+                # Without the race the core would release the stream only at a next chunk,
+                # which the held server never sends: this wait would time out.
+                await agent.when_idle(timeout=30)
+                events = list(agent.session.events)
+            server.release()
+            return events
+    events = asyncio.run(main())
+    assert ends(events)[0].reason.kind == "aborted"
+    assert [e.data["chunk"]["text"] for e in of(events, "assistant/chunk")] == ["never"]
+
+
+def test_RT15_reserved_and_invalid_options_are_refused() -> None:
+    with pytest.raises(ValidationError, match="messages"):
+        OpenAIChat("m", base_url="http://127.0.0.1:1/v1", options={"messages": []})
+    with pytest.raises(ValidationError, match="model"):
+        OpenAIChat("", base_url="http://127.0.0.1:1/v1")
+    with pytest.raises(ValidationError, match="system"):
+        AnthropicMessages("m", base_url="http://127.0.0.1:1", options={"system": "x"})
+
+
+def test_RT15_request_options_reach_the_body_and_the_header() -> None:
+    def make(server: FakeServer) -> OpenAIChat:
+        return OpenAIChat("m", base_url=server.openai_base_url,
+                          options={"temperature": 0.2, "max_tokens": 64})
+    events, requests = converse([openai_text("ok")], make)
+    body = requests[0].json
+    assert body["temperature"] == 0.2 and body["max_tokens"] == 64
+    header = of(events, "request/header")[0].data["header"]
+    assert header["config"] == {"provider": "openai", "model": "m", "temperature": 0.2,
+                                "max_tokens": 64}
+
+
+# --------------------------------------------------------------------------
+# Anthropic
+# --------------------------------------------------------------------------
+
+
+def test_RT15_anthropic_streams_text_and_signed_thinking_from_a_recorded_stream() -> None:
+    events, requests = converse([Reply.from_file(SSE / "anthropic-text.sse"),
+                                 anthropic_text("again")], claude, prompts=("hi", "more"))
+    message = of(events, "assistant/message")[0].data_as(AssistantMessageData)
+    assert [dict(b) for b in message.message.content] == [
+        {"type": "reasoning", "text": "A greeting; answer briefly."},
+        {"type": SIGNATURE, "signature": "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds"},
+        {"type": "text", "text": "Hello! How can I help?"}]
+    assert message.usage == {"inputTokens": 25, "outputTokens": 15, "totalTokens": 40,
+                             "cachedInputTokens": 20}
+    body = requests[1].json
+    assert body["system"] == "be brief" and body["max_tokens"] == 4096
+    assert body["messages"][1] == {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "A greeting; answer briefly.",
+         "signature": "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds"},
+        {"type": "text", "text": "Hello! How can I help?"}]}
+    assert requests[0].path == "/v1/messages"
+
+
+def test_RT15_anthropic_assembles_tool_use_input_and_sends_tool_results() -> None:
+    events, requests = converse([Reply.from_file(SSE / "anthropic-tools.sse"),
+                                 anthropic_text("it says hello")], claude)
+    call = of(events, "tool/call")[0].data_as(ToolCallData)
+    assert (call.call_id, call.name, call.arguments) == ("toolu_01T1x1fJ34qAmk2tNTrN7Up6",
+                                                        "read", {"path": "a.txt"})
+    messages = requests[1].json["messages"]
+    assert messages[1]["content"][1] == {"type": "tool_use", "id": call.call_id,
+                                         "name": "read", "input": {"path": "a.txt"}}
+    assert messages[2] == {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": call.call_id, "content": "contents of a.txt"}]}
+    assert requests[0].json["tools"][0]["input_schema"]["properties"] == {
+        "path": {"type": "string"}}
+
+
+def test_RT15_anthropic_stops_overload_drops_and_rate_limits_are_classified() -> None:
+    replies = [anthropic_text("cut", stop_reason="max_tokens"),
+               Reply.error(529, {"type": "error", "error": {"type": "overloaded_error",
+                                                           "message": "Overloaded"}},
+                           {"request-id": "req_a1"}),
+               Reply.from_sse(sse_event({"type": "error", "error": {
+                   "type": "overloaded_error", "message": "Overloaded"}}, "error")),
+               anthropic_text("partial reply", pieces=3).but(drop_after=4),
+               Reply.error(429, {"type": "error", "error": {"type": "rate_limit_error",
+                                                           "message": "slow"}},
+                           {"retry-after": "3"}),
+               anthropic_text("no", stop_reason="refusal")]
+    events, _ = converse(replies, claude, prompts=("a", "b", "c", "d", "e", "f"))
+    reasons = [r.reason for r in ends(events)]
+    assert reasons[0].kind == "max-tokens"
+    failures = [r.failure.to_json() for r in reasons[1:] if r.failure is not None]
+    assert [(f["code"], f.get("status")) for f in failures] == [
+        ("OVERLOADED", 529), ("OVERLOADED", None), ("STREAM_INTERRUPTED", None),
+        ("RATE_LIMITED", 429), ("CONTENT_FILTERED", None)]
+    assert failures[0]["requestId"] == "req_a1"
+    assert failures[3]["providerRetryAfterMs"] == 3000.0
+
+
+def test_RT15_anthropic_tool_calls_builder_round_trip() -> None:
+    events, requests = converse([anthropic_tool_calls(("t1", "read", '{"path": "x"}'),
+                                                      text="reading"),
+                                 anthropic_text("done")], claude)
+    assert [e.data_as(ToolCallData).arguments for e in of(events, "tool/call")] == [
+        {"path": "x"}]
+    assert requests[1].json["messages"][2]["content"][0]["content"] == "contents of x"
+
+
+# --------------------------------------------------------------------------
+# Mapping and classification, unit by unit
+# --------------------------------------------------------------------------
+
+
+def _assistant_calling(*ids: str) -> Message:
+    return Message.from_json({"id": "a1", "role": "assistant", "content": [
+        {"type": "tool-call", "id": i, "name": "read", "arguments": "{}"} for i in ids],
+        "source": {"kind": "model", "provider": "p", "model": "m"}})
+
+
+def _result(call_id: str, text: str) -> Message:
+    return Message.from_json({"id": f"r-{call_id}", "role": "user", "content": [
+        {"type": "tool-result", "toolCallId": call_id, "content": [{"type": "text",
+                                                                   "text": text}]}],
+        "source": {"kind": "tool", "callId": call_id}})
+
+
+def test_RT15_history_labels_context_and_answers_calls_left_without_results() -> None:
+    history = [user_message("u1", "hi"),
+               user_message("c1", "cwd is /tmp", plugin_source("shell")),
+               _assistant_calling("k1", "k2"), _result("k1", "one"),
+               user_message("u2", "next")]
+    assert context_label(history[1]) == "[context from plugin:shell]"
+    assert to_openai_messages(history) == [
+        {"role": "user", "content": "hi"},
+        {"role": "user", "content": "[context from plugin:shell]\ncwd is /tmp"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "k1", "type": "function", "function": {"name": "read", "arguments": "{}"}},
+            {"id": "k2", "type": "function", "function": {"name": "read", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "k2",
+         "content": "Error: no result was recorded for this call"},
+        {"role": "tool", "tool_call_id": "k1", "content": "one"},
+        {"role": "user", "content": "next"}]
+    assert to_anthropic_messages(history, label=None) == [
+        {"role": "user", "content": [{"type": "text", "text": "hi"},
+                                     {"type": "text", "text": "cwd is /tmp"}]},
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "k1", "name": "read", "input": {}},
+            {"type": "tool_use", "id": "k2", "name": "read", "input": {}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "k2",
+             "content": "Error: no result was recorded for this call", "is_error": True},
+            {"type": "tool_result", "tool_use_id": "k1", "content": "one"},
+            {"type": "text", "text": "next"}]}]
+
+
+def test_RT15_retry_after_headers_are_read_in_every_form() -> None:
+    assert retry_after_ms({"Retry-After": "2"}) == 2000.0
+    assert retry_after_ms({"retry-after-ms": "150", "retry-after": "9"}) == 150.0
+    assert retry_after_ms({"retry-after": "Wed, 01 Jan 2025 00:00:10 GMT"},
+                          now=1735689600.0) == 10_000.0
+    assert retry_after_ms({"retry-after": "Wed, 01 Jan 2025 00:00:10 GMT"},
+                          now=1735689700.0) == 0.0
+    assert retry_after_ms({"retry-after": "soon"}) is None
+    assert retry_after_ms({"retry-after-ms": "nan", "retry-after": "1"}) == 1000.0
+    assert retry_after_ms({}) is None and retry_after_ms(None) is None
+
+
+def test_RT15_usage_is_reported_in_one_place_as_the_finish_chunks_usage() -> None:
+    figures = usage(10, 4, cached_input_tokens=6, reasoning_tokens=0)
+    assert figures == {"inputTokens": 10, "outputTokens": 4, "totalTokens": 14,
+                       "cachedInputTokens": 6}
+    assert usage(None, None) is None
+    assert closing_chunks("stop", figures) == [{"type": "finish", "kind": "stop",
+                                                "usage": figures}]
+    assert closing_chunks("max-tokens", None) == [{"type": "finish", "kind": "max-tokens"}]
+
+
+@pytest.mark.parametrize(("status", "body", "code"), [
+    (429, {"error": {"message": "You exceeded your quota", "code": "insufficient_quota"}},
+     "QUOTA_EXCEEDED"),
+    (429, None, "RATE_LIMITED"),
+    (403, None, "PERMISSION_DENIED"),
+    (404, {"error": {"message": "model not found", "code": "model_not_found"}}, "NOT_FOUND"),
+    (408, None, "TIMEOUT"),
+    (413, None, "REQUEST_TOO_LARGE"),
+    (400, {"type": "error", "error": {"type": "invalid_request_error",
+                                      "message": "prompt is too long: 210000 tokens"}},
+     "CONTEXT_LENGTH_EXCEEDED"),
+    (422, None, "BAD_REQUEST"),
+    (502, None, "SERVER_ERROR"),
+    (503, None, "OVERLOADED"),
+    (None, {"error": {"message": "odd", "type": "mystery"}}, "PROVIDER_ERROR"),
+    (200, {"type": "error", "error": {"type": "api_error", "message": "x"}}, "SERVER_ERROR"),
+])
+def test_RT15_http_failures_are_classified(status: int | None, body: object, code: str) -> None:
+    assert classify_status(status, body) == code
+
+
+def test_RT15_an_api_key_comes_from_the_argument_the_environment_or_a_local_placeholder(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    with pytest.raises(ValidationError, match="set OPENAI_API_KEY"):
+        OpenAIChat("m")
+    with pytest.raises(ValidationError, match="set ANTHROPIC_API_KEY"):
+        AnthropicMessages("m")
+    assert OpenAIChat("m", base_url="http://127.0.0.1:1/v1").client.api_key == NO_KEY
+    monkeypatch.setenv("OPENAI_API_KEY", "from-env")
+    assert OpenAIChat("m").client.api_key == "from-env"
+    assert OpenAIChat("m", api_key="given").client.api_key == "given"

@@ -1,0 +1,199 @@
+"""The retry policy handed to request-error handlers (specs/runtime.md RT16)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from machine.core import AgentCore, CoreConfig
+from machine.errors import ValidationError
+from machine.events import Event
+from machine.payloads import TurnEndData
+from machine.runtime import (
+    RETRY,
+    Agent,
+    ModelFailure,
+    Next,
+    RequestErrorContext,
+    RetryAction,
+    RetryPolicy,
+    ScriptedModel,
+    retry_request,
+    text_reply,
+)
+from machine.scripted import Driver, model_failure
+from machine.testing import environment
+from machine.vocabulary import LlmFailure, user_message
+
+RATE = LlmFailure("slow down", "RATE_LIMITED", 429)
+AUTH = LlmFailure("bad key", "AUTHENTICATION_FAILED", 401)
+
+
+def test_RT16_delay_backs_off_exponentially_up_to_the_cap() -> None:
+    policy = RetryPolicy(max_attempts=10, base_delay=0.5, multiplier=2, max_delay=3, jitter=0)
+    assert [policy.delay(RATE, n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    assert policy.backoff(1000) == 3                     # no overflow
+
+
+def test_RT16_jitter_takes_a_random_fraction_off() -> None:
+    draws = iter([0.0, 0.5, 0.999])
+    policy = RetryPolicy(max_attempts=5, base_delay=1, jitter=0.5, random=lambda: next(draws))
+    assert [policy.delay(RATE, 1) for _ in range(3)] == [1.0, 0.75, pytest.approx(0.5005)]
+    full = RetryPolicy(base_delay=2, jitter=1, random=lambda: 0.25)
+    assert full.delay(RATE, 1) == 1.5
+
+
+def test_RT16_retry_after_is_a_minimum_and_too_long_a_wait_gives_up() -> None:
+    policy = RetryPolicy(base_delay=0.1, jitter=0, max_retry_after=10)
+    asks = LlmFailure("wait", "RATE_LIMITED", 429, provider_retry_after_ms=2500)
+    assert policy.delay(asks, 1) == 2.5
+    shorter = LlmFailure("wait", "RATE_LIMITED", 429, provider_retry_after_ms=10)
+    assert policy.delay(shorter, 1) == 0.1                # the backoff is longer
+    too_long = LlmFailure("wait", "RATE_LIMITED", 429, provider_retry_after_ms=60_000)
+    assert policy.delay(too_long, 1) is None
+    ignoring = RetryPolicy(base_delay=0.1, jitter=0, honour_retry_after=False)
+    assert ignoring.delay(too_long, 1) == 0.1
+
+
+def test_RT16_only_transient_failures_are_retried_within_the_attempts() -> None:
+    policy = RetryPolicy(max_attempts=3, jitter=0)
+    assert policy.delay(RATE, 1) is not None and policy.delay(RATE, 2) is not None
+    assert policy.delay(RATE, 3) is None                  # the third request was the last
+    assert policy.delay(AUTH, 1) is None
+    assert policy.retryable(LlmFailure("x", "ANY", 503))
+    assert policy.retryable(LlmFailure("x", "ANY", 408))
+    assert not policy.retryable(LlmFailure("x", "ANY", 400))
+    assert not policy.retryable(LlmFailure("x", "CONTEXT_LENGTH_EXCEEDED", None))
+    custom = RetryPolicy(retry_codes=frozenset({"FLAKY"}), retry_statuses=frozenset())
+    assert custom.retryable(LlmFailure("x", "FLAKY")) and not custom.retryable(RATE)
+
+
+@pytest.mark.parametrize("options", [
+    {"max_attempts": 0}, {"max_attempts": 1.5}, {"base_delay": -1}, {"multiplier": 0},
+    {"max_delay": float("nan")}, {"jitter": 2}, {"jitter": -0.1}, {"max_retry_after": True},
+    {"honour_retry_after": "yes"}, {"random": 3},
+])
+def test_RT16_a_malformed_policy_is_refused(options: dict[str, object]) -> None:
+    with pytest.raises(ValidationError, match="retry_policy"):
+        RetryPolicy(**options)  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="attempt"):
+        RetryPolicy().delay(RATE, 0)
+
+
+def _failing_then(n: int) -> ScriptedModel:
+    return ScriptedModel([ModelFailure("slow down", "RATE_LIMITED", status=429)] * n
+                         + [text_reply("done")])
+
+
+def _run(agent: Agent, prompt: str = "hi") -> list[Event]:
+    async def main() -> list[Event]:
+        async with agent:
+            agent.followup(prompt)
+            await agent.when_idle(timeout=60)
+            return list(agent.session.events)
+    return asyncio.run(main())
+
+
+def _summary(events: list[Event]) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for event in events:
+        if event.type == "turn/start":
+            out.append(("start", str(event.data["trigger"]["kind"])))
+        elif event.type == "turn/end":
+            out.append(("end", event.data_as(TurnEndData).reason.kind))
+    return out
+
+
+def test_RT16_retry_request_retries_each_failure_as_a_new_turn_until_the_attempts_end() -> None:
+    agent = Agent(_failing_then(5), retry_policy=RetryPolicy(max_attempts=3, base_delay=0.001,
+                                                             jitter=0))
+    agent.hooks.request_error.use(retry_request)
+    assert _summary(_run(agent)) == [("start", "message"), ("end", "error"),
+                                     ("start", "retry"), ("end", "error"),
+                                     ("start", "retry"), ("end", "error")]
+
+    agent = Agent(_failing_then(1), retry_policy=RetryPolicy(base_delay=0.001))
+    agent.hooks.request_error.use(retry_request)
+    assert _summary(_run(agent)) == [("start", "message"), ("end", "error"),
+                                     ("start", "retry"), ("end", "completed")]
+
+
+def test_RT16_handlers_get_the_agents_or_the_adapters_policy() -> None:
+    seen: list[RetryPolicy] = []
+
+    async def spy(context: RequestErrorContext, next_: Next[RetryAction | None]
+                  ) -> RetryAction | None:
+        seen.append(context.retry_policy)
+        return await next_()
+
+    mine = RetryPolicy(max_attempts=7)
+    agent = Agent(_failing_then(1), retry_policy=mine)
+    agent.hooks.request_error.use(spy)
+    _run(agent)
+    model = _failing_then(1)
+    adapters = RetryPolicy(max_attempts=4)
+    model.retry_policy = adapters  # type: ignore[attr-defined]
+    other = Agent(model)
+    other.hooks.request_error.use(spy)
+    _run(other)
+    plain = Agent(_failing_then(1))
+    plain.hooks.request_error.use(spy)
+    _run(plain)
+    assert seen == [mine, adapters, RetryPolicy()]
+    assert other.retry_policy is adapters
+    with pytest.raises(TypeError, match="RetryPolicy"):
+        Agent(_failing_then(0), retry_policy={"max_attempts": 2})  # type: ignore[arg-type]
+
+
+def test_RT16_an_inner_decision_wins_and_a_cancel_during_the_wait_gives_no_retry() -> None:
+    async def never(context: RequestErrorContext, next_: Next[RetryAction | None]
+                    ) -> RetryAction | None:
+        return RETRY if context.turn == 1 else None
+
+    agent = Agent(_failing_then(1), retry_policy=RetryPolicy(max_attempts=1))
+    agent.hooks.request_error.use(retry_request)
+    agent.hooks.request_error.use(never)           # inner: asks for the retry itself
+    assert _summary(_run(agent))[-1] == ("end", "completed")
+
+    async def main() -> list[Event]:
+        slow = Agent(_failing_then(1), retry_policy=RetryPolicy(base_delay=3600, jitter=0))
+        slow.hooks.request_error.use(retry_request)
+        waiting = asyncio.Event()
+
+        async def mark(context: RequestErrorContext, next_: Next[RetryAction | None]
+                       ) -> RetryAction | None:
+            waiting.set()
+            return await next_()
+        slow.hooks.request_error.use(mark, prepend=True)
+        async with slow:
+            slow.followup("hi")
+            await asyncio.wait_for(waiting.wait(), 30)
+            slow.cancel()                           # the hour-long wait ends now
+            await slow.when_idle(timeout=30)
+            return list(slow.session.events)
+    assert _summary(asyncio.run(main())) == [("start", "message"), ("end", "aborted")]
+
+
+def test_RT16_the_scripted_environment_hands_its_policy_too() -> None:
+    seen: list[tuple[int, RetryPolicy]] = []
+
+    async def spy(context: RequestErrorContext, next_: Next[RetryAction | None]
+                  ) -> RetryAction | None:
+        seen.append((len(context.prior_failures), context.retry_policy))
+        return await next_()
+
+    policy = RetryPolicy(max_attempts=2, base_delay=0)
+    env = environment(retry_policy=policy, replies=[
+        model_failure("slow down", "RATE_LIMITED", status=429),
+        model_failure("slow down", "RATE_LIMITED", status=429), text_reply("never")])
+    env.hooks.request_error.use(retry_request)
+    env.hooks.request_error.use(spy)
+    core = AgentCore(CoreConfig(request_options={"provider": "p", "model": "m"}))
+    driver = Driver(core, env)
+    env.attach(driver)
+    core.followup(user_message("u1", "hi"))
+    driver.run()
+    assert seen == [(0, policy), (1, policy)]       # a retry, then the attempts are used up
+    assert [e.data["trigger"]["kind"] for e in core.log.events if e.type == "turn/start"] == [
+        "message", "retry"]
