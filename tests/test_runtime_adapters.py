@@ -99,8 +99,8 @@ def test_RT15_openai_streams_text_deltas_and_reports_usage_from_a_recorded_strea
     message = of(events, "assistant/message")[0].data_as(AssistantMessageData)
     assert message.message.text == "The file says hello."
     assert message.message.source == {"kind": "model", "provider": "fakeai", "model": "fake-model"}
-    assert message.usage == {"inputTokens": 42, "outputTokens": 5, "totalTokens": 47,
-                             "cachedInputTokens": 32}
+    assert message.usage == {"inputTokens": 10, "outputTokens": 5, "cacheReadTokens": 32}
+    assert [c["type"] for c in chunks][-2:] == ["usage", "finish"]
     assert ends(events)[0].reason.kind == "completed"
     body = requests[0].json
     assert body["model"] == "fake-model" and body["stream"] is True
@@ -121,8 +121,7 @@ def test_RT15_openai_maps_deepseek_reasoning_content_to_reasoning_chunks() -> No
     message = of(events, "assistant/message")[0].data_as(AssistantMessageData)
     assert [dict(b) for b in message.message.content] == [
         {"type": "reasoning", "text": "The user asks for 2+2."}, {"type": "text", "text": "4"}]
-    assert message.usage == {"inputTokens": 12, "outputTokens": 9, "totalTokens": 21,
-                             "reasoningTokens": 7}
+    assert message.usage == {"inputTokens": 12, "outputTokens": 9, "reasoningTokens": 7}
 
 
 def test_RT15_openai_assembles_tool_call_deltas_and_sends_the_results_back() -> None:
@@ -148,7 +147,7 @@ def test_RT15_openai_length_stop_is_a_max_tokens_finish() -> None:
     assert ends(events)[0].reason.kind == "max-tokens"
     message = of(events, "assistant/message")[0].data_as(AssistantMessageData)
     assert message.message.text == "Once upon a time"
-    assert message.usage == {"inputTokens": 9, "outputTokens": 4, "totalTokens": 13}
+    assert message.usage == {"inputTokens": 9, "outputTokens": 4}
 
 
 # --------------------------------------------------------------------------
@@ -293,8 +292,7 @@ def test_RT15_anthropic_streams_text_and_signed_thinking_from_a_recorded_stream(
         {"type": "reasoning", "text": "A greeting; answer briefly."},
         {"type": SIGNATURE, "signature": "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds"},
         {"type": "text", "text": "Hello! How can I help?"}]
-    assert message.usage == {"inputTokens": 25, "outputTokens": 15, "totalTokens": 40,
-                             "cachedInputTokens": 20}
+    assert message.usage == {"inputTokens": 25, "outputTokens": 15, "cacheReadTokens": 20}
     body = requests[1].json
     assert body["system"] == "be brief" and body["max_tokens"] == 4096
     assert body["messages"][1] == {"role": "assistant", "content": [
@@ -410,13 +408,14 @@ def test_RT15_retry_after_headers_are_read_in_every_form() -> None:
     assert retry_after_ms({}) is None and retry_after_ms(None) is None
 
 
-def test_RT15_usage_is_reported_in_one_place_as_the_finish_chunks_usage() -> None:
-    figures = usage(10, 4, cached_input_tokens=6, reasoning_tokens=0)
-    assert figures == {"inputTokens": 10, "outputTokens": 4, "totalTokens": 14,
-                       "cachedInputTokens": 6}
+def test_RT15_usage_is_its_own_chunk_in_the_originals_shape() -> None:
+    """V18, P12: usage is a chunk {type:'usage', usage} before the finish; the figures have
+    the original's names and disjoint counts."""
+    figures = usage(10, 4, cache_read_tokens=6, reasoning_tokens=0)
+    assert figures == {"inputTokens": 10, "outputTokens": 4, "cacheReadTokens": 6}
     assert usage(None, None) is None
-    assert closing_chunks("stop", figures) == [{"type": "finish", "kind": "stop",
-                                                "usage": figures}]
+    assert closing_chunks("stop", figures) == [{"type": "usage", "usage": figures},
+                                               {"type": "finish", "kind": "stop"}]
     assert closing_chunks("max-tokens", None) == [{"type": "finish", "kind": "max-tokens"}]
 
 

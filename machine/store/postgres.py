@@ -17,7 +17,7 @@ PostgreSQL advisory lock on the store's connection, which the server drops
 the moment that connection ends (S26).
 
 Requires the optional ``psycopg`` 3 dependency (``pip install
-'turnstile[postgres]'``).
+'turnstile-agent[postgres]'``).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ SCHEMA_VERSION: Final = 1
 DEFAULT_SCHEMA: Final = "turnstile"
 _SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _TABLES: Final = ("meta", "sessions", "events", "quarantine")
-_INSTALL: Final = ("PostgresStore needs psycopg 3 and libpq: pip install 'turnstile[postgres]' "
+_INSTALL: Final = ("PostgresStore needs psycopg 3 and libpq: pip install 'turnstile-agent[postgres]' "
                    "(or 'psycopg[binary]', which bundles libpq)")
 
 #: S24: how each version is reached from the one before (index 0 builds version 1).

@@ -1,6 +1,6 @@
 """The Anthropic Messages adapter, over the official ``anthropic`` SDK (RT15).
 
-``pip install 'turnstile[anthropic]'``::
+``pip install 'turnstile-agent[anthropic]'``::
 
     from machine.runtime import Agent
     from machine.runtime.adapters.anthropic import AnthropicMessages
@@ -73,7 +73,7 @@ try:
     import anthropic
 except ImportError as missing:                # pragma: no cover - the extra is not installed
     raise ImportError("machine.runtime.adapters.anthropic needs the anthropic SDK: "
-                      "pip install 'turnstile[anthropic]'") from missing
+                      "pip install 'turnstile-agent[anthropic]'") from missing
 
 __all__ = ["REDACTED_THINKING", "RESERVED_OPTIONS", "SIGNATURE", "AnthropicMessages",
            "to_anthropic_messages", "to_anthropic_tools"]
@@ -223,9 +223,10 @@ class AnthropicMessages:
         finally:
             if stream is not None:
                 await stream.close()
+        # Anthropic's input_tokens are already the uncached input
         figures_out = usage(tokens.get("input"), tokens.get("output"),
-                            cached_input_tokens=tokens.get("cache_read"),
-                            cache_write_input_tokens=tokens.get("cache_write"))
+                            cache_read_tokens=tokens.get("cache_read"),
+                            cache_write_tokens=tokens.get("cache_write"))
         for chunk in finish_chunks(self.provider, stop if finished else None, figures_out,
                                    _FINISH, "refusal"):
             yield chunk

@@ -276,18 +276,20 @@ def stream_failure(provider: str, exc: BaseException, *, streamed: bool) -> Mode
 # --------------------------------------------------------------------------
 
 
-def usage(input_tokens: int | None, output_tokens: int | None, *,
-          cached_input_tokens: int | None = None, cache_write_input_tokens: int | None = None,
+def usage(uncached_input_tokens: int | None, output_tokens: int | None, *,
+          cache_read_tokens: int | None = None, cache_write_tokens: int | None = None,
           reasoning_tokens: int | None = None) -> dict[str, int] | None:
-    """The usage figures in the project's names (``inputTokens``, ``outputTokens``,
-    ``totalTokens``, and when known ``cachedInputTokens``, ``cacheWriteInputTokens``,
-    ``reasoningTokens``); None when the provider reported none."""
-    if input_tokens is None and output_tokens is None:
+    """The usage figures in the original's shape (its ``TokenUsage``): ``inputTokens``,
+    ``outputTokens``, and when known ``cacheReadTokens``, ``cacheWriteTokens``,
+    ``reasoningTokens``. The counts are disjoint: ``inputTokens`` is the *uncached* input,
+    so a provider that folds cache hits into its prompt count has them subtracted by its
+    adapter before they come here. None when the provider reported none."""
+    if uncached_input_tokens is None and output_tokens is None:
         return None
-    out: dict[str, int] = {"inputTokens": input_tokens or 0, "outputTokens": output_tokens or 0}
-    out["totalTokens"] = out["inputTokens"] + out["outputTokens"]
-    for name, value in (("cachedInputTokens", cached_input_tokens),
-                        ("cacheWriteInputTokens", cache_write_input_tokens),
+    out: dict[str, int] = {"inputTokens": max(uncached_input_tokens or 0, 0),
+                           "outputTokens": output_tokens or 0}
+    for name, value in (("cacheReadTokens", cache_read_tokens),
+                        ("cacheWriteTokens", cache_write_tokens),
                         ("reasoningTokens", reasoning_tokens)):
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             out[name] = value
@@ -296,17 +298,17 @@ def usage(input_tokens: int | None, output_tokens: int | None, *,
 
 def closing_chunks(kind: str, figures: Mapping[str, int] | None,
                    failure: LlmFailure | None = None) -> list[Chunk]:
-    """The last chunks of a stream: the finish chunk (V18), carrying *figures* as its
-    ``usage`` (P12: the finish chunk's usage becomes the assistant message's).
-
-    Why one function: this is the only place that decides how usage is reported, so moving
-    it to a chunk of its own is a one-line change here."""
+    """The last chunks of a stream: a usage chunk ``{type:'usage', usage}`` when the provider
+    reported figures (usage is its own chunk, V18, P12, as in the original), then the
+    finish chunk."""
+    chunks: list[Chunk] = []
+    if figures:
+        chunks.append({"type": "usage", "usage": dict(figures)})
     finish: dict[str, Any] = {"type": "finish", "kind": kind}
     if failure is not None:
         finish["failure"] = failure.to_json()
-    if figures:
-        finish["usage"] = dict(figures)
-    return [finish]
+    chunks.append(finish)
+    return chunks
 
 
 # --------------------------------------------------------------------------

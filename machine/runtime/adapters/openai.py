@@ -1,6 +1,6 @@
 """The OpenAI-compatible Chat Completions adapter, over the official ``openai`` SDK (RT15).
 
-``pip install 'turnstile[openai]'``. One adapter serves every provider that speaks
+``pip install 'turnstile-agent[openai]'``. One adapter serves every provider that speaks
 the Chat Completions streaming API — OpenAI, DeepSeek, vLLM, Ollama, llama.cpp,
 LiteLLM and the like — through ``base_url``::
 
@@ -27,7 +27,8 @@ What it maps (each in one place below):
   assembled into one ``tool-call`` chunk per call (emitted once the stream is
   complete), and the finish reason: ``stop``/``tool_calls`` → ``stop``,
   ``length`` → ``max-tokens``, ``content_filter`` → an ``error`` finish
-  (``CONTENT_FILTERED``); the usage chunk as the finish chunk's ``usage``;
+  (``CONTENT_FILTERED``); the provider's usage chunk as a usage chunk (cache hits
+  subtracted from the prompt count);
 * **failures** → `ModelFailure` with `LlmFailure` facts: HTTP status, a code
   from the classification (``RATE_LIMITED``, ``CONTEXT_LENGTH_EXCEEDED``,
   ``AUTHENTICATION_FAILED``, ``SERVER_ERROR``, ``NETWORK_ERROR``,
@@ -79,7 +80,7 @@ try:
     import openai
 except ImportError as missing:                # pragma: no cover - the extra is not installed
     raise ImportError("machine.runtime.adapters.openai needs the openai SDK: "
-                      "pip install 'turnstile[openai]'") from missing
+                      "pip install 'turnstile-agent[openai]'") from missing
 
 __all__ = ["NO_KEY", "RESERVED_OPTIONS", "OpenAIChat", "to_openai_messages", "to_openai_tools"]
 
@@ -242,8 +243,12 @@ def _usage(raw: Any) -> dict[str, int] | None:
     prompt_details = getattr(raw, "prompt_tokens_details", None)
     completion_details = getattr(raw, "completion_tokens_details", None)
     cached = number(prompt_details, "cached_tokens") if prompt_details is not None else None
-    return usage(number(raw, "prompt_tokens"), number(raw, "completion_tokens"),
-                 cached_input_tokens=cached if cached else number(raw, "prompt_cache_hit_tokens"),
+    if not cached:
+        cached = number(raw, "prompt_cache_hit_tokens")
+    prompt = number(raw, "prompt_tokens")
+    # disjoint counts, as the original's usage: the prompt count includes the cache hits
+    uncached = None if prompt is None else prompt - (cached or 0)
+    return usage(uncached, number(raw, "completion_tokens"), cache_read_tokens=cached,
                  reasoning_tokens=number(completion_details, "reasoning_tokens")
                  if completion_details is not None else None)
 
