@@ -49,6 +49,8 @@ EXIT_PORT: Final = 4
 EXIT_INTERNAL: Final = 70
 
 #: The corpus shipped with this repository.
+#: the handshake's default budget (``--start-timeout``): a process start is not a reply
+DEFAULT_START_TIMEOUT: Final = 60.0
 DEFAULT_VECTORS: Final = Path(__file__).resolve().parents[2] / "specs" / "conformance" / "vectors"
 
 
@@ -75,6 +77,9 @@ def configure_check(parser: argparse.ArgumentParser) -> None:
                         help="run the vectors against the adapter started by COMMAND")
     parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                         help="how long to wait for each adapter reply (default 10)")
+    parser.add_argument("--start-timeout", type=float, default=DEFAULT_START_TIMEOUT,
+                        metavar="SECONDS", help="how long to wait for a started adapter's "
+                        f"handshake (default {DEFAULT_START_TIMEOUT:g})")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="also list passed and skipped vectors")
 
@@ -120,8 +125,10 @@ def check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not vectors:
         return status
     if args.port:
+        # A Namespace built by a caller other than the parser may lack the newer option.
+        start_timeout = getattr(args, "start_timeout", DEFAULT_START_TIMEOUT)
         try:
-            first = PortSubject(args.port, timeout=args.timeout)
+            first = PortSubject(args.port, timeout=args.timeout, start_timeout=start_timeout)
         except PortFailure as failure:
             print(f"turnstile check: port {args.port!r}: {failure}", file=err)
             return max(status, EXIT_PORT)
@@ -131,7 +138,7 @@ def check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         def factory() -> Subject:
             if pending:
                 return pending.pop()
-            return PortSubject(args.port, timeout=args.timeout)
+            return PortSubject(args.port, timeout=args.timeout, start_timeout=start_timeout)
 
         def skip(vector: Vector) -> str | None:
             deviating = [tag for tag in vector.tags if tag in info.deviations]

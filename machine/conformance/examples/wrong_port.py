@@ -10,7 +10,8 @@ Bugs:
   the original implementation's behaviour that D6 changed; declare ``--deviate D6``
   to have the vectors tagged D6 skipped;
 * ``garbage`` — answers the first pull with a line that is not JSON;
-* ``hang`` — never answers the first pull.
+* ``hang`` — answers the handshake, then never answers again (its ``start``
+  reply never comes).
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ class WrongPort(Port):
         self.bug = bug
         self.deviations = deviations
         self.misrouted: set[str] = set()
-        self.pulls = 0
+
+    def start(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+        if self.bug == "hang":
+            time.sleep(3600)
+        return super().start(request)
 
     def input(self, request: dict[str, Any]) -> list[dict[str, Any]]:
         value = request["input"]
@@ -42,9 +47,6 @@ class WrongPort(Port):
         return super().input(request)
 
     def pull(self, request: dict[str, Any]) -> list[dict[str, Any]]:
-        self.pulls += 1
-        if self.bug == "hang" and self.pulls == 1:
-            time.sleep(3600)
         kept: list[dict[str, Any]] = []
         for reply in super().pull(request):
             output = reply.get("output", {})
