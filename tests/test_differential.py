@@ -40,7 +40,7 @@ from hypothesis.stateful import (
 
 from machine.core import AgentCore, CoreConfig
 from machine.errors import DisposedError, InvariantError, ProtocolError, ValidationError
-from machine.events import Event
+from machine.explore import SEED_EVENTS
 from machine.invariants import AgentInvariantError, InvariantMonitor
 from machine.io import (
     Append,
@@ -95,26 +95,8 @@ def counting_clock(start: int = 1000) -> Callable[[], float]:
 # A seeded (resumed) session: one balanced turn with a request header.
 # --------------------------------------------------------------------------
 
-_SEED_JSON: list[dict[str, JsonLike]] = [
-    {"type": "user/message", "seq": 0, "time": 1, "surfaceOp": "append",
-     "data": {"id": "old-0", "role": "user", "content": [{"type": "text", "text": "ctx"}],
-              "source": {"kind": "plugin", "plugin": "old"}}},
-    {"type": "turn/start", "seq": 1, "time": 2,
-     "data": {"turn": 1, "trigger": {"kind": "message", "source": {"kind": "user"}}}},
-    {"type": "user/message", "seq": 2, "time": 3, "surfaceOp": "append",
-     "data": {"id": "old-1", "role": "user", "content": [{"type": "text", "text": "hi"}],
-              "source": {"kind": "user"}}},
-    {"type": "step/start", "seq": 3, "time": 4, "data": {"turn": 1, "step": 1}},
-    {"type": "request/header", "seq": 4, "time": 5,
-     "data": {"header": {"config": {"provider": "p", "model": "old"}}, "reason": "initial"}},
-    {"type": "step/end", "seq": 5, "time": 6, "data": {"turn": 1, "step": 1}},
-    {"type": "turn/end", "seq": 6, "time": 7, "data": {"turn": 1, "reason": {"kind": "completed"}}},
-]
-
-
 def new_log(seeded: bool) -> SessionLog:
-    events = [Event.from_json(e) for e in _SEED_JSON] if seeded else []
-    return SessionLog(events, clock=counting_clock())
+    return SessionLog(SEED_EVENTS if seeded else (), clock=counting_clock())
 
 
 def make_config(spec: dict[str, Any]) -> CoreConfig:

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from scenarios_gh import _lifecycle_one  # a finished session to resume (G6)
+
 from machine.conformance.authoring import Session, calls, error, model_failure, result, scenario
-from machine.events import Event
 from machine.io import Effect
 
 PARALLEL: Any = "parallel"
@@ -31,18 +32,27 @@ EXCLUSIVE: Any = "exclusive"
 # --------------------------------------------------------------------------
 
 
+def _admission_pending(s: Session, prompt: str, *staged: str) -> Session:
+    """*prompt* followed up and its admission held at {prompt-submit}; then each of *staged*
+    injected (a name starting with 's' is steered instead), all staged in the open window."""
+    s.hold("prompt-submit")
+    s.followup(prompt)
+    s.run()
+    for text in staged:
+        if text.startswith("s"):
+            s.steer(text)
+        else:
+            s.inject(text, "plugin:test")
+    return s
+
+
 @scenario("BS-rejected-admission-appends-every-staged-context",
           "R7.10: two contexts injected while an admission is pending, which is then blocked, "
           "are both appended between turns, oldest first, before the rejected admission's tick; "
           "no turn opens and no context discard is reported",
           ["R7.10", "R5.2", "R11.2", "R20.1"], ["rule"])
 def rejected_two_contexts() -> Session:
-    s = Session("ok")
-    s.hold("prompt-submit")
-    s.followup("blocked")
-    s.run()
-    s.inject("c1", "plugin:test")
-    s.inject("c2", "plugin:test")
+    s = _admission_pending(Session("ok"), "blocked", "c1", "c2")
     assert s.core.pending_context == 2
     s.resolve("prompt-submit", {"kind": "block", "reason": "no"})
     s.run()
@@ -62,12 +72,7 @@ def rejected_two_contexts() -> Session:
           "turns",
           ["R7.7", "R7.8", "R7.10", "R0.8"], ["rule"])
 def failed_two_contexts() -> Session:
-    s = Session("ok")
-    s.hold("prompt-submit")
-    s.followup("refused")
-    s.run()
-    s.inject("c1", "plugin:test")
-    s.inject("c2", "plugin:test")
+    s = _admission_pending(Session("ok"), "refused", "c1", "c2")
     s.fail("prompt-submit", error("policy down", "HookError"))
     s.run()
     s.expect_log("UM('c1';plugin:test) UM('c2';plugin:test)")
@@ -83,13 +88,7 @@ def failed_two_contexts() -> Session:
           "of its prompt in FIFO order, the steering as a steering/message of that turn",
           ["R7.10", "R8.3", "R11.1", "R11.3", "R20.1"], ["rule"])
 def rejected_behind_steering() -> Session:
-    s = Session("ok")
-    s.hold("prompt-submit")
-    s.followup("blocked")
-    s.run()
-    s.inject("c1", "plugin:test")
-    s.steer("s1")
-    s.inject("c2", "plugin:test")
+    s = _admission_pending(Session("ok"), "blocked", "c1", "s1", "c2")
     s.resolve("prompt-submit", {"kind": "block", "reason": "no"})
     s.run()
     assert s.log() == []
@@ -118,10 +117,7 @@ def rejected_retained_and_new() -> Session:
     s.run()
     s.expect_log("TS(1,msg:user) UM('go') TE(1,error)")
     assert s.core.pending_context == 1
-    s.hold("prompt-submit")
-    s.followup("blocked")
-    s.run()
-    s.inject("fresh", "plugin:test")
+    _admission_pending(s, "blocked", "fresh")
     s.resolve("prompt-submit", {"kind": "block", "reason": "no"})
     s.run()
     s.expect_log("TS(1,msg:user) UM('go') TE(1,error) UM('retained';plugin:test) "
@@ -412,13 +408,6 @@ def d6_keep_inbox_then_cancel() -> Session:
 # --------------------------------------------------------------------------
 
 
-def _finished_session() -> list[Event]:
-    first = Session("one")
-    first.followup("first")
-    first.run()
-    return first.events()
-
-
 @scenario("BS-unpublished-agent-turn-cancel-and-teardown",
           "P11, R17.4: an agent made with publish false emits no publication notices; a turn, a "
           "cancel of the next turn at its step and a dispose behave as usual, teardown still "
@@ -450,7 +439,7 @@ def unpublished() -> Session:
           ["R4.7", "R9.6", "R10.2", "R10.4", "R13.2", "R13.3", "P11"], ["rule", "tools"])
 def resumed_parallel_retry() -> Session:
     s = Session(calls(("c1", "p"), ("c2", "p")), model_failure("down", "UNAVAILABLE"), "back",
-                seed=_finished_session(), session_start="resume", tool_modes={"p": PARALLEL},
+                seed=_lifecycle_one(), session_start="resume", tool_modes={"p": PARALLEL},
                 max_parallel=2)
     s.handle("request-error", lambda e: ("resolve", {"kind": "retry"}), times=1)
     s.followup("second")
@@ -472,12 +461,8 @@ def resumed_parallel_retry() -> Session:
           "its pending steering and context",
           ["R7.10", "R16.2", "D6", "R4.7", "P11"], ["rule", "cancel", "differs-from-original", "D6"])
 def resumed_rejected_and_cancel() -> Session:
-    s = Session("ok", seed=_finished_session(), session_start="resume")
-    s.hold("prompt-submit")
-    s.followup("blocked")
-    s.run()
-    s.inject("c1", "plugin:test")
-    s.inject("c2", "plugin:test")
+    s = _admission_pending(Session("ok", seed=_lifecycle_one(), session_start="resume"),
+                           "blocked", "c1", "c2")
     s.resolve("prompt-submit", {"kind": "block", "reason": "no"})
     s.run()
     s.hold("step")
