@@ -20,9 +20,11 @@ sessions (``machine.store.cli``, ``specs/persistence.md``).
 the machines' DOT diagrams and transition tables (``machine.diagrams``):
 ``--check`` exits 1 naming every stale file.
 
-``turnstile explore --depth N [--commands …] [--model]`` explores every
-decision sequence up to depth N (``machine.explore``), checking the runtime
-invariants and, with ``--model``, identical outputs from the reference model.
+``turnstile explore [--config NAME|all] [--depth N] [--commands …] [--model]``
+explores every decision sequence up to depth N from a configuration
+(``machine.explore.CONFIGURATIONS``), checking the runtime invariants and, with
+``--model``, identical outputs from the reference model; it reports the rule
+families reached.
 
 ``turnstile run SCRIPT.json [--echo-inputs]`` runs a script of inputs through
 the core and prints every output as one JSON line (``machine.runner``,
@@ -210,12 +212,17 @@ def _run_run(args: argparse.Namespace) -> int:
 
 def _configure_explore(parser: argparse.ArgumentParser) -> None:
     from machine.explore import COMMANDS as EXPLORE_COMMANDS
-    from machine.explore import DEFAULT_COMMANDS
-    parser.add_argument("--depth", type=int, default=6,
-                        help="how many decisions (commands and effect answers) per path")
-    parser.add_argument("--commands", default=",".join(DEFAULT_COMMANDS),
+    from machine.explore import CONFIGURATIONS
+    parser.add_argument("--config", default="idle", choices=[*CONFIGURATIONS, "all"],
+                        help="where to start: " + "; ".join(
+                            f"{c.name}: {c.description}" for c in CONFIGURATIONS.values()))
+    parser.add_argument("--depth", type=int, default=None,
+                        help="how many decisions (commands, effect answers, macro-decisions) "
+                             "per path (default: the configuration's CI depth)")
+    parser.add_argument("--commands", default=None,
                         help=f"comma-separated commands to explore (known: "
-                             f"{', '.join(sorted(EXPLORE_COMMANDS))}; 'all' for every one)")
+                             f"{', '.join(sorted(EXPLORE_COMMANDS))}; 'all' for every one; "
+                             "default: the configuration's)")
     parser.add_argument("--model", action="store_true",
                         help="also run the reference model and require identical outputs")
     parser.add_argument("--seconds", type=float, default=None,
@@ -229,15 +236,18 @@ def _configure_explore(parser: argparse.ArgumentParser) -> None:
 def _run_explore(args: argparse.Namespace) -> int:
     from machine.explore import COMMANDS as EXPLORE_COMMANDS
     from machine.explore import main_explore
-    names = sorted(EXPLORE_COMMANDS) if args.commands == "all" else [
-        c.strip() for c in args.commands.split(",") if c.strip()]
-    unknown = [n for n in names if n not in EXPLORE_COMMANDS]
-    if unknown or args.depth < 0:
+    names: list[str] | None = None
+    if args.commands is not None:
+        names = sorted(EXPLORE_COMMANDS) if args.commands == "all" else [
+            c.strip() for c in args.commands.split(",") if c.strip()]
+    unknown = [n for n in names or () if n not in EXPLORE_COMMANDS]
+    if unknown or (args.depth is not None and args.depth < 0):
         problem = f"unknown command(s) {unknown}" if unknown else "--depth must be >= 0"
         print(f"turnstile explore: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    return main_explore(args.depth, commands=names, with_model=args.model,
-                        budget_seconds=args.seconds, quiet=args.quiet, as_json=args.json)
+    return main_explore(args.depth, configuration=args.config, commands=names,
+                        with_model=args.model, budget_seconds=args.seconds, quiet=args.quiet,
+                        as_json=args.json)
 
 
 def _configure_demo(parser: argparse.ArgumentParser) -> None:

@@ -33,8 +33,17 @@ def route(target: str, wakeup: bool, window_open: bool) -> Route:
 def requests_wake(route_taken: str, wakeup: bool, busy: bool, wake_pending: bool) -> bool:
     """R5.4, R6.1: a queued waking item asks for the wake, ignored while busy or pending.
 
+    Each condition is one sentence of the rules: R6.1 drops the request while busy and
+    while a wake is pending; only a queued placement asks (R5.4: staged and appended input
+    never wakes, R6.3 c); a quiet item never asks (R5.7); and from idle with nothing pending
+    a waking queued item must ask, or it would never run (R6.2, R7.1).
+
     pre: route_taken in ('stage-context', 'append-now', 'stage-steering', 'queue')
-    post: __return__ == (route_taken == 'queue' and wakeup and not busy and not wake_pending)
+    post: not (__return__ and busy)
+    post: not (__return__ and wake_pending)
+    post: route_taken == 'queue' or not __return__
+    post: wakeup or not __return__
+    post: __return__ or busy or wake_pending or not wakeup or route_taken != 'queue'
     """
     return route_taken == "queue" and wakeup and not busy and not wake_pending
 
@@ -43,8 +52,16 @@ def rejected_flush_appends(outbox_has_steering: bool, outbox_size: int) -> bool:
     """R7.10 step 2: the rejected-admission context append happens only when no steering is
     staged (retained steering included, R26.3) and something is staged.
 
+    The guarantees: staged steering anywhere keeps everything staged (R7.10.2, R26.3); an
+    empty outbox appends nothing; and staged context alone is written between turns (R26.3,
+    R11.3: the rejected admission is where retained context goes when no steering holds it).
+    The precondition states what an outbox is: steering staged means something is staged.
+
     pre: outbox_size >= 0
-    post: __return__ == (outbox_size > 0 and not outbox_has_steering)
+    pre: outbox_size > 0 or not outbox_has_steering
+    post: not (__return__ and outbox_has_steering)
+    post: outbox_size > 0 or not __return__
+    post: __return__ or outbox_has_steering or outbox_size == 0
     """
     return outbox_size > 0 and not outbox_has_steering
 
@@ -104,10 +121,15 @@ def cancel_reports(queued: list[str], staged: list[tuple[str, bool]],
 def classify(aborted_cause: str | None, request_failure: bool) -> Outcome:
     """R15: an aborted signal wins over everything; its reason is the first cause (R16.3).
 
+    The last postcondition is R15's table read across, composed with `reports_error`:
+    ``agent/error`` is emitted exactly when the controller was not aborted (R15.1 emits
+    none; R15.2 and R15.3 emit one).
+
     pre: aborted_cause in (None, 'user', 'parent', 'disposed')
     post: (__return__ in ('aborted', 'disposed')) == (aborted_cause is not None)
     post: (__return__ == 'disposed') == (aborted_cause == 'disposed')
     post: aborted_cause is not None or (__return__ == 'request-failure') == request_failure
+    post: reports_error(__return__) == (aborted_cause is None)
     """
     if aborted_cause is not None:
         return "disposed" if aborted_cause == "disposed" else "aborted"
@@ -117,8 +139,9 @@ def classify(aborted_cause: str | None, request_failure: bool) -> Outcome:
 def reports_error(outcome: str) -> bool:
     """R15.1–R15.3: every failure except an abort emits agent/error.
 
-    pre: outcome in ('aborted', 'disposed', 'request-failure', 'failure')
-    post: __return__ == (outcome not in ('aborted', 'disposed'))
+    No contract of its own: over its four outcomes, any postcondition would restate this
+    table. What R15 guarantees (an error is reported exactly when the controller was not
+    aborted) is a postcondition of `classify`, composed with this function.
     """
     return outcome not in ("aborted", "disposed")
 
@@ -127,7 +150,14 @@ def tool_result_aborted(settled_while_aborted: bool, body_is_error: bool, from_p
     """R10.11: a dispatched body that settles successfully after the abort is committed as the
     canonical aborted result; error results and prepare's final results keep their own.
 
-    post: __return__ == (settled_while_aborted and not body_is_error and not from_prepare)
+    One postcondition per clause of R10.11: nothing is replaced without an abort (a body
+    that settled before it keeps its result); the three cases that keep their own result;
+    and the replacement itself, for a successful dispatched body settling while aborted.
+
+    post: settled_while_aborted or not __return__
+    post: not (body_is_error and __return__)
+    post: not (from_prepare and __return__)
+    post: __return__ or not settled_while_aborted or body_is_error or from_prepare
     """
     return settled_while_aborted and not body_is_error and not from_prepare
 
@@ -135,7 +165,15 @@ def tool_result_aborted(settled_while_aborted: bool, body_is_error: bool, from_p
 def concludes(concludes_turn: bool, is_error: bool, replaced_by_abort: bool) -> bool:
     """R10.6: concludesTurn counts only on results that are not errors.
 
-    post: __return__ == (concludes_turn and not is_error and not replaced_by_abort)
+    The guarantees: only a result that asks concludes; an error result never does (R10.6);
+    a result replaced by the aborted result never does (R10.11: its concludesTurn is void,
+    whatever the body said); and a non-error result that asks does (R10.6: "one such result
+    makes the turn end").
+
+    post: concludes_turn or not __return__
+    post: not (is_error and __return__)
+    post: not (replaced_by_abort and __return__)
+    post: __return__ or not concludes_turn or is_error or replaced_by_abort
     """
     return concludes_turn and not is_error and not replaced_by_abort
 

@@ -17,6 +17,15 @@ checks.
 * R20.1e window: ``accepts_next_step`` is false whenever the status is idle.
 * Accepted messages are never silently gone: at every moment each enqueued or
   staged message is logged, reported discarded, or pending.
+* The ledger starts at the command (R20.1b, R20.1c, R5, R0.6): a monitor that sees
+  the inputs (``sees_inputs``, fed through `InvariantMonitor.input`) also checks that
+  every accepted send but an inject is announced by exactly one enqueue, and that every
+  accepted inject, closed-window injects included, is appended, staged or reported
+  discarded, exactly once.
+* A claimed item (R7.2, R7.5, R7.6, R20.1b) is the head of the queue; it gets its
+  dequeue before its admission ends (ahead of ``turn/start`` or of the rejected tail's
+  tick), even when the admission was aborted before ``{prompt-submit}``, and it is
+  never listed in a discard.
 """
 
 from __future__ import annotations
@@ -25,9 +34,10 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from machine import events as ev
-from machine.errors import TurnstileError
-from machine.io import Durable, Live, Output
+from machine.errors import TurnstileError, ValidationError
+from machine.io import Durable, Effect, Input, Live, Output, Send
 from machine.jsonvalue import FrozenDict, FrozenList
+from machine.vocabulary import SendOptions
 
 
 class AgentInvariantError(TurnstileError):
@@ -108,9 +118,10 @@ class InvariantMonitor:
     balances are checked at quiet points; elsewhere nothing may be counted twice.
     """
 
-    def __init__(self, agent: _Observable, boxes: _HasBoxes) -> None:
+    def __init__(self, agent: _Observable, boxes: _HasBoxes, *, sees_inputs: bool = False) -> None:
         self.agent = agent
         self.boxes = boxes
+        self.sees_inputs = sees_inputs
         self.last_status: str | None = None
         self.enqueued: dict[str, int] = {}
         self.dequeued: dict[str, int] = {}
@@ -119,6 +130,39 @@ class InvariantMonitor:
         self.contexts_logged: dict[str, int] = {}
         self.contexts_discarded: dict[str, int] = {}
         self._last_staged: dict[str, int] = {}
+        # The command ledger (sees_inputs): accepted sends by id, injects apart.
+        self.sent: dict[str, int] = {}
+        self.injected: dict[str, int] = {}
+        self.logged: dict[str, int] = {}          # user/message appends, by message id
+        self.context_reports: dict[str, int] = {}  # agent/context/discard entries, by id
+        # The claim in progress: the claimed id until its dequeue (R7.2-R7.6).
+        self.claimed: str | None = None
+        self._last_queued: tuple[str, ...] = tuple(boxes.queued_ids())
+
+    def input(self, item: Input, *, accepted: bool = True) -> None:
+        """An input the agent was fed (call it before `poll`): an accepted send enters the
+        command ledger. Only a monitor made with ``sees_inputs`` checks that ledger."""
+        if not accepted or not isinstance(item, Send):
+            return
+        message = item.message
+        message_id = message.get("id") if isinstance(message, (dict, FrozenDict)) else getattr(
+            message, "id", None)
+        try:
+            options = SendOptions.from_json(item.options)
+        except ValidationError:
+            return
+        if isinstance(message_id, str):
+            inject = options.target == "next-step" and not options.wakeup
+            _bump(self.injected if inject else self.sent, message_id)
+
+    def ledger(self) -> tuple[object, ...]:
+        """Everything the monitor has counted, canonically ordered: two monitors with equal
+        ledgers judge every continuation alike (an explorer's state key includes it)."""
+        counts = (self.enqueued, self.dequeued, self.discarded, self.contexts_seen,
+                  self.contexts_logged, self.contexts_discarded, self._last_staged, self.sent,
+                  self.injected, self.logged, self.context_reports)
+        return (self.last_status, self.claimed, self._last_queued,
+                *(tuple(sorted(c.items())) for c in counts))
 
     def output(self, output: Output) -> None:
         if isinstance(output, Live):
@@ -129,22 +173,61 @@ class InvariantMonitor:
                 if not next_status_ok(self.last_status, status):
                     raise AgentInvariantError("R20.1a", f"agent/status {status!r} after {self.last_status!r}")
                 self.last_status = status
+                if status == "running":
+                    self._claim_seen()
             elif event.type == ev.INBOX_ENQUEUE:
                 _bump(self.enqueued, str(_message_id(payload)))
             elif event.type == ev.INBOX_DEQUEUE:
-                _bump(self.dequeued, str(_message_id(payload)))
+                message_id = str(_message_id(payload))
+                _bump(self.dequeued, message_id)
+                if payload.get("placement") == "queued":
+                    if self.claimed is not None and self.claimed != message_id:
+                        raise AgentInvariantError("R20.1b", f"dequeue of {message_id!r}, but "
+                                                  f"{self.claimed!r} was claimed")
+                    self.claimed = None
             elif event.type == ev.INBOX_DISCARD:
                 for message_id in _ids(payload.get("messages")):
+                    if message_id == self.claimed:
+                        raise AgentInvariantError("R20.1b", f"the claimed item {message_id!r} "
+                                                  "is listed in a discard instead of its dequeue")
                     _bump(self.discarded, message_id)
             elif event.type == ev.CONTEXT_DISCARD:
                 for message_id in _ids(payload.get("messages")):
+                    _bump(self.context_reports, message_id)
                     if message_id in self.contexts_seen:
                         _bump(self.contexts_discarded, message_id)
-        elif isinstance(output, Durable) and output.event.type == ev.USER_MESSAGE:
-            message_id = str(output.event.data["id"])
-            if message_id in self.contexts_seen:
-                _bump(self.contexts_logged, message_id)
+        elif isinstance(output, Durable):
+            if output.event.type == ev.USER_MESSAGE:
+                message_id = str(output.event.data["id"])
+                _bump(self.logged, message_id)
+                if message_id in self.contexts_seen:
+                    _bump(self.contexts_logged, message_id)
+            elif output.event.type == ev.TURN_START:
+                self._admission_over("turn/start")
+        elif isinstance(output, Effect):
+            if output.kind == "prompt-submit":
+                message_id = str(_message_id(output.payload))
+                if self.claimed is None:           # a chained claim: no running notice
+                    self.claimed = message_id
+                elif self.claimed != message_id:
+                    raise AgentInvariantError("R20.1b", f"prompt-submit for {message_id!r}, "
+                                              f"but {self.claimed!r} was claimed")
+            elif output.kind == "tick" and output.payload.get("purpose") == "rejected-admission":
+                self._admission_over("the rejected admission's tick")
         self.poll()
+
+    def _claim_seen(self) -> None:
+        """R7.2: a claim takes the head of the queue as it was at the last poll (later items
+        keep their order). The claimed id is noted only when that is what the queue shows;
+        a monitor that started late, or a queue view it cannot follow, notes nothing."""
+        before, now = self._last_queued, tuple(self.boxes.queued_ids())
+        if before and now[:len(before) - 1] == before[1:]:
+            self.claimed = before[0]
+
+    def _admission_over(self, what: str) -> None:
+        if self.claimed is not None:
+            raise AgentInvariantError("R20.1b", f"the claimed item {self.claimed!r} got no "
+                                      f"agent/inbox/dequeue before {what}")
 
     def poll(self, *, quiet: bool = False) -> None:
         if not window_ok(self.agent.status, self.agent.accepts_next_step):
@@ -173,11 +256,35 @@ class InvariantMonitor:
                     self.enqueued.get(message_id, 0):
                 raise AgentInvariantError("R20.1b", f"message {message_id!r} was dequeued or "
                                           "discarded more often than it was enqueued")
+        queued = tuple(self.boxes.queued_ids())
+        self._last_queued = queued
         if quiet:
-            pending = [*self.boxes.queued_ids(), *(m for m, steering in staged if steering)]
+            pending = [*queued, *(m for m, steering in staged if steering)]
             problem = conservation_problem(self.enqueued, self.dequeued, self.discarded, pending)
             if problem is not None:
                 raise AgentInvariantError("R20.1b", problem)
+            if self.claimed is not None:
+                raise AgentInvariantError("R20.1b", f"the claimed item {self.claimed!r} got no "
+                                          "agent/inbox/dequeue")
+            if self.sees_inputs:
+                self._check_command_ledger(current)
+
+    def _check_command_ledger(self, staged_contexts: dict[str, int]) -> None:
+        """At a quiet point: each accepted send has its first fate (see the module docstring)."""
+        for message_id, count in self.sent.items():
+            if self.enqueued.get(message_id, 0) != count:
+                raise AgentInvariantError(
+                    "R20.1b", f"message {message_id!r}: accepted {count} time(s) by a send, but "
+                    f"announced by {self.enqueued.get(message_id, 0)} agent/inbox/enqueue")
+        for message_id, count in self.injected.items():
+            if message_id in self.sent:
+                continue                           # the id was also sent otherwise: ambiguous
+            fates = (self.logged.get(message_id, 0), staged_contexts.get(message_id, 0),
+                     self.context_reports.get(message_id, 0))
+            if sum(fates) != count:
+                raise AgentInvariantError(
+                    "R20.1c", f"inject {message_id!r}: accepted {count} time(s), but appended "
+                    f"{fates[0]}, still staged {fates[1]}, reported discarded {fates[2]}")
 
 
 def _message_id(payload: FrozenDict) -> object:

@@ -1,11 +1,25 @@
-"""Shared fixtures: one throwaway PostgreSQL server for the whole test session (S29).
+"""Suite-wide settings: tests independent of machine speed, and a gate that points at the rule.
 
-The server is started from the installed PostgreSQL programs (``initdb``,
-``postgres``; `machine.store.postgres_server`) the first time a test needs it,
-listens only on a Unix socket in its temporary directory, and is stopped and
-removed at the end of the session. When the programs or psycopg are missing,
-every PostgreSQL test fails with a message saying what to install: they are
-never skipped.
+Hypothesis. Nothing in the suite may depend on how fast the machine is (CI is a
+loaded 2-core machine; ASSURANCE §6): the one health check that measures speed
+(``too_slow``) and the per-example ``deadline`` are off in every profile loaded
+here. ``turnstile`` is the default; with ``CI`` set, ``turnstile-ci`` also
+derandomizes and drops the example database (Hypothesis's own ``ci`` profile),
+so a run's verdict does not depend on earlier runs. Test-specific settings
+(``@settings(...)``, the differential profiles) inherit from the loaded one.
+
+Order. Specific tests run first and the broad ones last (`BROAD`): the whole
+corpus, the benchmark harness, the differential and exhaustive checks, the
+runtime equivalence and CrossHair. A bug then first shows up as the rule-named
+test that pins it, not as a corpus-wide failure. Broad tests carry the
+``broad`` marker: ``pytest -m "not broad"`` is the quick loop.
+
+PostgreSQL. One throwaway server for the whole test session (S29), started from
+the installed PostgreSQL programs (``initdb``, ``postgres``;
+`machine.store.postgres_server`) the first time a test needs it, listening only
+on a Unix socket in its temporary directory, and stopped and removed at the end
+of the session. When the programs or psycopg are missing, every PostgreSQL test
+fails with a message saying what to install: they are never skipped.
 """
 
 from __future__ import annotations
@@ -17,9 +31,55 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from machine.store.errors import StoreError
 from machine.store.postgres_server import TemporaryPostgres
+
+SPEED_INDEPENDENT = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+
+settings.register_profile("turnstile", **SPEED_INDEPENDENT)  # type: ignore[arg-type]
+settings.register_profile("turnstile-ci", parent=settings.get_profile("ci"),
+                          **SPEED_INDEPENDENT)  # type: ignore[arg-type]
+settings.load_profile("turnstile-ci" if os.environ.get("CI") else "turnstile")
+
+#: Broad tests, run last in this order (cheapest first): (module file, test name prefix or "").
+BROAD: tuple[tuple[str, str], ...] = (
+    ("test_conformance_vectors.py", ""),
+    ("test_conformance_port.py", "test_turnstile_adapter_passes_the_whole_corpus"),
+    ("test_bench_smoke.py", ""),
+    ("test_runtime_equivalence.py", ""),
+    ("test_decisions.py", "test_crosshair"),
+    ("test_differential.py", "test_R19_differential"),
+    ("test_explore.py", "test_R20_1_exhaustive"),
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "broad: a corpus-wide or exhaustive check, run last "
+                            "(tests/conftest.py BROAD)")
+
+
+def _broad_rank(item: pytest.Item) -> int | None:
+    module = item.path.name
+    for rank, (file, prefix) in enumerate(BROAD):
+        if module == file and item.name.startswith(prefix):
+            return rank
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    specific: list[pytest.Item] = []
+    broad: list[tuple[int, int, pytest.Item]] = []
+    for index, item in enumerate(items):
+        rank = _broad_rank(item)
+        if rank is None:
+            specific.append(item)
+        else:
+            item.add_marker(pytest.mark.broad)
+            broad.append((rank, index, item))
+    items[:] = specific + [item for _, _, item in sorted(broad, key=lambda b: (b[0], b[1]))]
+
 
 _SCHEMAS = itertools.count(1)
 

@@ -12,7 +12,13 @@ import jsonschema
 import pytest
 
 from machine.conformance.checker import run_all
-from machine.conformance.coverage import covered_by, rule_ids
+from machine.conformance.coverage import (
+    DIMENSIONS,
+    configuration_of,
+    covered_by,
+    pair_coverage,
+    rule_ids,
+)
 from machine.conformance.subjects import LocalSubject
 from machine.conformance.vectors import (
     MalformedError,
@@ -173,6 +179,52 @@ def test_every_rule_of_the_core_spec_is_covered(corpus: list[Vector]) -> None:
     missing = sorted(rule for rule, vectors in coverage.items() if not vectors)
     percent = 100 * (len(coverage) - len(missing)) / len(coverage)
     assert missing == [], f"rule coverage {percent:.1f}%: no vector covers {missing}"
+
+
+#: (rule, dimension, class) pairs that must stay covered: the tool-batch rules with a
+#: parallel pool larger than its limit, and admission, cancel and D6 on a resumed session.
+REQUIRED_PAIRS = [
+    *((rule, "tools", "pool over the limit")
+      for rule in ("R10.2", "R10.3", "R10.4", "R10.7", "R10.9", "R10.10", "R10.11")),
+    *((rule, "log", "seeded") for rule in ("R7.10", "R9.6", "R10.2", "R13.3", "R16.2", "D6")),
+    *((rule, "publish", "unpublished") for rule in ("P11", "R16.2", "R17.4")),
+]
+
+
+def test_rules_are_covered_under_each_configuration(corpus: list[Vector]) -> None:
+    """(rule × configuration) coverage: every class of every dimension is used by some
+    vector, the REQUIRED_PAIRS are covered, and the pair counts are reported."""
+    ids = [r for r in rule_ids((SPECS / "core.md").read_text(encoding="utf-8")) if r not in EXEMPT]
+    ids += sorted(set(re.findall(r"^## (P\d+)\.", (SPECS / "protocol.md").read_text(
+        encoding="utf-8"), re.M)))
+    classes = {v.id: configuration_of(v.config, v.seed, [s.value for s in v.steps
+                                                         if s.kind == "out"]) for v in corpus}
+    used = {(dimension, cls) for found in classes.values() for dimension, cls in found.items()}
+    unused = [(d, c) for d, cs in DIMENSIONS.items() for c in cs if (d, c) not in used]
+    assert unused == [], f"no vector runs under {unused}"
+    pairs = pair_coverage(ids, {v.id: (v.rules, classes[v.id]) for v in corpus})
+    missing = [pair for pair in REQUIRED_PAIRS if not pairs[pair]]
+    assert missing == [], f"uncovered (rule, dimension, class) pairs: {missing}"
+    covered = sum(1 for vectors in pairs.values() if vectors)
+    print(f"\n(rule x configuration) coverage: {covered} of {len(pairs)} pairs; " + "; ".join(
+        f"{d}: " + ", ".join(f"{c} {sum(1 for r in ids if pairs[(r, d, c)])}" for c in cs)
+        for d, cs in DIMENSIONS.items()))
+
+
+def test_configuration_of_classifies_the_tool_pools_a_vector_exercises() -> None:
+    def message(*names: str) -> dict[str, Any]:
+        return {"out": "event", "type": "assistant/message", "data": {"message": {"content": [
+            {"type": "tool-call", "id": f"c{i}", "name": n, "arguments": "{}"}
+            for i, n in enumerate(names)]}}}
+    config = {"toolModes": {"p": "parallel"}, "maxParallelToolCalls": 2, "publish": False,
+              "sessionStart": "resume"}
+    assert configuration_of(config, [{}], [message("p", "p", "p")]) == {
+        "log": "seeded", "publish": "unpublished", "start": "resume",
+        "tools": "pool over the limit"}
+    assert configuration_of(config, [], [message("p", "e", "p")])["tools"] == \
+        "parallel within the limit"
+    assert configuration_of({}, [], [message("e"), message()])["tools"] == "exclusive"
+    assert configuration_of({}, [], [])["tools"] == "no tools"
 
 
 def test_every_scenario_and_matrix_row_has_vectors(corpus: list[Vector]) -> None:

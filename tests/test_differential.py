@@ -19,20 +19,30 @@ On a failure the input sequence is printed (a Hypothesis note) as JSON:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, note, settings
+from hypothesis import HealthCheck, Phase, event, given, note, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from machine._model import ModelAgent
 from machine.core import AgentCore, CoreConfig
-from machine.errors import InvariantError, ProtocolError, ValidationError
-from machine.events import Event
+from machine.errors import DisposedError, InvariantError, ProtocolError, ValidationError
+from machine.explore import SEED_EVENTS
+from machine.invariants import AgentInvariantError, InvariantMonitor
 from machine.io import (
     Append,
     Cancel,
@@ -52,6 +62,7 @@ from machine.io import (
 )
 from machine.jsonvalue import FrozenDict, JsonLike, thaw
 from machine.log import SessionLog
+from machine.reach import MATRIX_COMMANDS, ROWS, PositionTracker, command_kind
 from machine.vocabulary import FOLLOWUP, INJECT, STEER, ErrorInfo, LlmFailure
 
 # --------------------------------------------------------------------------
@@ -84,26 +95,8 @@ def counting_clock(start: int = 1000) -> Callable[[], float]:
 # A seeded (resumed) session: one balanced turn with a request header.
 # --------------------------------------------------------------------------
 
-_SEED_JSON: list[dict[str, JsonLike]] = [
-    {"type": "user/message", "seq": 0, "time": 1, "surfaceOp": "append",
-     "data": {"id": "old-0", "role": "user", "content": [{"type": "text", "text": "ctx"}],
-              "source": {"kind": "plugin", "plugin": "old"}}},
-    {"type": "turn/start", "seq": 1, "time": 2,
-     "data": {"turn": 1, "trigger": {"kind": "message", "source": {"kind": "user"}}}},
-    {"type": "user/message", "seq": 2, "time": 3, "surfaceOp": "append",
-     "data": {"id": "old-1", "role": "user", "content": [{"type": "text", "text": "hi"}],
-              "source": {"kind": "user"}}},
-    {"type": "step/start", "seq": 3, "time": 4, "data": {"turn": 1, "step": 1}},
-    {"type": "request/header", "seq": 4, "time": 5,
-     "data": {"header": {"config": {"provider": "p", "model": "old"}}, "reason": "initial"}},
-    {"type": "step/end", "seq": 5, "time": 6, "data": {"turn": 1, "step": 1}},
-    {"type": "turn/end", "seq": 6, "time": 7, "data": {"turn": 1, "reason": {"kind": "completed"}}},
-]
-
-
 def new_log(seeded: bool) -> SessionLog:
-    events = [Event.from_json(e) for e in _SEED_JSON] if seeded else []
-    return SessionLog(events, clock=counting_clock())
+    return SessionLog(SEED_EVENTS if seeded else (), clock=counting_clock())
 
 
 def make_config(spec: dict[str, Any]) -> CoreConfig:
@@ -237,6 +230,20 @@ STATE_FIELDS = ("status", "accepts_next_step", "pending_queued", "pending_steeri
                 "pending_context", "wake_pending", "retry_pending", "is_quiescent", "disposed")
 
 
+#: Directed walks: the rows the other rules reach least get more of them.
+_DIRECTED_WEIGHT = {4: 4, 9: 4, 16: 4, 17: 3, 18: 3, 15: 3, 19: 3, 2: 2, 5: 2, 6: 2, 7: 3,
+                    8: 2, 10: 2, 11: 2, 12: 2, 13: 2, 14: 3, 21: 2}
+DIRECTED_CELLS = [cell for cell in [(row, kind) for row in ROWS for kind in MATRIX_COMMANDS]
+                  for _ in range(_DIRECTED_WEIGHT.get(cell[0], 1))]
+#: What a directed walk does first for a row it cannot reach by answering alone: (the rows
+#: at which to do it, the command). Input staged ahead of a drain; a cancel while an owner
+#: is installed (its cancel-requested, discard and abort outputs are rows 24 and 25).
+_OWNED = (2, 3, 5, 6, 8, 10, 11, 12, 13, 15, 16)
+PREPARE: dict[int, tuple[tuple[int, ...], str]] = {
+    7: ((2, 3, 5), "inject"), 9: ((8,), "inject"), 14: ((13,), "inject"),
+    24: (_OWNED, "cancel"), 25: (_OWNED, "cancel")}
+
+
 class DifferentialMachine(RuleBasedStateMachine):
     """Drives AgentCore and ModelAgent identically and compares them after every step."""
 
@@ -268,6 +275,11 @@ class DifferentialMachine(RuleBasedStateMachine):
         config = make_config(self.spec)
         self.core = AgentCore(config, log=new_log(seeded))
         self.model = ModelAgent(config, log=new_log(seeded))
+        # R20.1 on the machine's stream, the ledger starting at each accepted command.
+        self.monitor = InvariantMonitor(self.core, self.core, sees_inputs=True)
+        self.tracker = PositionTracker(self.core)
+        self.cells: set[tuple[int, str]] = set()
+        self.commanded_at = -1          # the position (outputs pulled) of the last counted command
         self.compare_state()
 
     def fresh_id(self, prefix: str = "m") -> str:
@@ -306,10 +318,38 @@ class DifferentialMachine(RuleBasedStateMachine):
         machine_key, model_key = _exc_key(results[0]), _exc_key(results[1])
         if machine_key != model_key:
             self.fail(f"input {entry}: machine raised {results[0]!r}, model raised {results[1]!r}")
+        self.count_cell(item, results[0])
+        self.monitored(lambda: self.monitor.input(item, accepted=results[0] is None))
+        if results[0] is None:
+            self.tracker.command(item)
+        self.monitored(self.monitor.poll)
         self.compare_state()
         return machine_key
 
-    def pull(self, k: int) -> None:
+    def monitored(self, check: Callable[[], None]) -> None:
+        try:
+            check()
+        except AgentInvariantError as violation:
+            self.fail(str(violation))
+
+    def count_cell(self, item: Input, raised: BaseException | None) -> None:
+        """R19 coverage: a command issued at a classified position (accepted, or refused
+        because the agent is torn down, row 27)."""
+        kind = command_kind(item)
+        row = self.tracker.row
+        if kind is None or row is None or not (raised is None or isinstance(raised, DisposedError)):
+            return
+        if self.commanded_at == self.pulled:
+            return      # a second command at one position sees the first one's effects
+        self.commanded_at = self.pulled
+        R19_COVERAGE[(row, kind)] = R19_COVERAGE.get((row, kind), 0) + 1
+        if (row, kind) not in self.cells:
+            self.cells.add((row, kind))
+            event(f"R19 row {row:02d} x {kind}")
+
+    def pull(self, k: int) -> int:
+        """Pull up to *k* outputs from both sides (comparing them); how many there were."""
+        pulled = 0
         for _ in range(k):
             a = self.core.next_output()
             b = self.model.next_output()
@@ -318,10 +358,15 @@ class DifferentialMachine(RuleBasedStateMachine):
                 self.fail(f"output #{self.pulled} differs:\n machine: {ja}\n model:   {jb}")
             if a is None:
                 self.queue_empty = True
+                self.monitored(lambda: self.monitor.poll(quiet=True))
                 break
             self.pulled += 1
+            pulled += 1
             self.observe(a)
+            self.monitored(functools.partial(self.monitor.output, a))
+            self.tracker.output(a)
         self.compare_state()
+        return pulled
 
     def known_bug(self, machine: JsonLike, model: JsonLike) -> bool:
         """Tolerate exactly the differences of KNOWN_MACHINE_BUGS, unless
@@ -531,8 +576,125 @@ class DifferentialMachine(RuleBasedStateMachine):
         self.pull(k)
 
     @rule()
-    def pull_all(self) -> None:
-        self.pull(400)
+    def pull_one(self) -> None:
+        """One output: the next position (every R19 row is a position)."""
+        self.pull(1)
+
+    @rule(kind=st.sampled_from(MATRIX_COMMANDS), source=SOURCES,
+          cause=st.sampled_from(["user", "parent"]))
+    def matrix_command(self, kind: str, source: dict[str, JsonLike], cause: str) -> None:
+        """A valid command of one of the matrix columns (R19), here."""
+        self.issue(kind, source, cause)
+
+    def issue(self, kind: str, source: dict[str, JsonLike], cause: str) -> None:
+        self.queue_empty = False
+        if kind == "dispose":
+            self.feed(Dispose())
+        elif kind in ("cancel", "cancel-keepInbox"):
+            self.feed(Cancel({"kind": cause}, kind == "cancel-keepInbox"))
+        elif kind == "quiet":
+            self.feed(Send(self.message(True, source, "q"), {"target": "next-turn",
+                                                             "wakeup": False}))
+        else:
+            options = {"followup": FOLLOWUP, "steer": STEER, "inject": INJECT}[kind]
+            self.feed(Send(self.message(True, source, kind, "ctx" if kind == "inject" else "m"),
+                           options, preset=kind))
+
+    @rule(data=st.data(), steps=st.integers(4, 40), every=st.integers(2, 6))
+    def walk(self, data: st.DataObject, steps: int, every: int) -> None:
+        """Walk the run one position at a time (R19: every output is a position), issuing a
+        matrix command at about one position in *every*, and answering effects when the core
+        waits: mostly as a well-behaved environment, sometimes with a failure, so the rows of
+        failures, warnings and rejections are walked too."""
+        for _ in range(steps):
+            if self.core.disposed:      # torn down: every command is refused (row 27)
+                self.issue(data.draw(WALK_COMMANDS), {"kind": "user"}, "user")
+                return
+            if self.pull(1):
+                if data.draw(st.integers(0, every - 1)) == 0:
+                    self.issue(data.draw(WALK_COMMANDS), data.draw(SOURCES),
+                               data.draw(st.sampled_from(["user", "parent"])))
+                continue
+            if not self.outstanding:
+                return
+            effect = min(self.outstanding)
+            kind = self.outstanding[effect]
+            for item in self.walk_value(data, effect, kind):
+                self.complete(effect, item)
+
+    @rule(data=st.data(), cell=st.sampled_from(DIRECTED_CELLS), steps=st.integers(10, 80))
+    def directed_walk(self, data: st.DataObject, cell: tuple[int, str], steps: int) -> None:
+        """Walk towards one R19 cell: prepare what its row needs (input staged ahead of a
+        drain, an effective cancel, a disposal), answer effects the way that reaches the row
+        (a failed or blocked decision, a tool batch, a model failure), and issue the cell's
+        command at the first position of that row. The cell is drawn from the example's data
+        (weighted towards rows the other rules reach least), never from the run's counts."""
+        row, kind = cell
+        prepared = False
+        for _ in range(steps):
+            if self.core.disposed:
+                if row == 27:
+                    self.issue(kind, {"kind": "user"}, "user")
+                return
+            if row == 27 and not prepared:
+                self.issue("dispose", {"kind": "user"}, "user")
+                prepared = True
+                continue
+            if self.pull(1):
+                here = self.tracker.row
+                if here == row:
+                    self.issue(kind, data.draw(SOURCES), data.draw(st.sampled_from(["user", "parent"])))
+                    return
+                at_rows, command = PREPARE.get(row, ((), ""))
+                if not prepared and here in at_rows:
+                    self.issue(command, {"kind": "plugin", "plugin": "p"}, "user")
+                    prepared = True
+                continue
+            if not self.outstanding:
+                if row == 26:
+                    return                # publication happens once, at construction
+                self.issue("followup", {"kind": "user"}, "user")
+                continue
+            effect = min(self.outstanding)
+            for item in self.directed_value(data, effect, self.outstanding[effect], row):
+                self.complete(effect, item)
+
+    def directed_value(self, data: st.DataObject, effect: int, kind: str, row: int) -> list[Input]:
+        if kind == "prompt-submit" and row == 4:
+            return [data.draw(st.sampled_from([Resolve(effect, {"kind": "maybe"}),
+                                               Raise(effect, ErrorInfo("denied", "HookError"))]))]
+        if kind == "prompt-submit" and row == 22:
+            return [Resolve(effect, {"kind": "block", "reason": "no"})]
+        if kind == "model" and row in (17, 18):
+            return [Raise(effect, ErrorInfo("down", "ModelError", "UNAVAILABLE",
+                                            failure=LlmFailure("down", "UNAVAILABLE")))]
+        if kind == "model" and row in (13, 14):
+            return [Chunk(effect, {"type": "tool-call", "id": "c1", "name": "exc", "arguments": "{}"}),
+                    Chunk(effect, {"type": "finish", "kind": "stop"}), End(effect)]
+        if kind == "model" and row == 16:
+            return [Chunk(effect, {"type": "text", "text": "t"}),
+                    Chunk(effect, {"type": "finish", "kind": "stop"}), End(effect)]
+        if kind == "flush" and row == 20 and data.draw(st.booleans()):
+            return [Raise(effect, ErrorInfo("disk", "HookError"))]
+        return self.happy_value(data, effect, kind)
+
+    def walk_value(self, data: st.DataObject, effect: int, kind: str) -> list[Input]:
+        """A well-behaved answer four times in five; otherwise the failure of that kind."""
+        if data.draw(st.integers(0, 4)) != 0 or kind in ("tick", "tool-finalize", "request"):
+            return self.happy_value(data, effect, kind)
+        if kind == "prompt-submit":
+            return [data.draw(st.sampled_from([
+                Resolve(effect, {"kind": "block", "reason": "no"}), Resolve(effect, {"kind": "maybe"}),
+                Raise(effect, ErrorInfo("denied", "HookError"))]))]
+        if kind == "model":
+            return data.draw(st.sampled_from([
+                [Raise(effect, ErrorInfo("down", "ModelError", "UNAVAILABLE",
+                                         failure=LlmFailure("down", "UNAVAILABLE")))],
+                [Chunk(effect, {"type": "text", "text": "cut"}),
+                 Chunk(effect, {"type": "finish", "kind": "max-tokens"}), End(effect)],
+                [Chunk(effect, {"type": "finish", "kind": "error", "failure": {
+                    "message": "overloaded", "code": "OVERLOADED"}}), End(effect)]]))
+        return [Raise(effect, ErrorInfo("failed", "HookError", "E_HOOK"))]
 
     # -- completions ----------------------------------------------------------------------
 
@@ -709,12 +871,72 @@ DifferentialMachine.complete_happily_3 = precondition(  # type: ignore[attr-defi
     lambda self: bool(self.outstanding))(_happy)
 DifferentialMachine.send_preset_2 = DifferentialMachine.send_preset  # type: ignore[attr-defined]
 DifferentialMachine.model_reply_2 = DifferentialMachine.model_reply  # type: ignore[attr-defined]
+DifferentialMachine.pull_one_2 = DifferentialMachine.pull_one  # type: ignore[attr-defined]
 
 _examples = os.environ.get("TURNSTILE_DIFF_EXAMPLES")  # an explicit size wins over the profile
-DifferentialMachine.TestCase.settings = (
-    settings(settings.get_profile(PROFILE), max_examples=int(_examples)) if _examples
-    else settings.get_profile(PROFILE))
-TestDifferential = DifferentialMachine.TestCase
+DIFFERENTIAL_SETTINGS = (settings(settings.get_profile(PROFILE), max_examples=int(_examples))
+                         if _examples else settings.get_profile(PROFILE))
+
+#: The walk's commands: dispose as often as one of the others (it ends the run's activity).
+WALK_COMMANDS = st.sampled_from([*[k for k in MATRIX_COMMANDS if k != "dispose"] * 2, "dispose"])
+
+#: R19 coverage of the current run: (row, command kind) -> commands issued there.
+R19_COVERAGE: dict[tuple[int, str], int] = {}
+#: Every row × every command kind. Row 26 is reached only when publishing, row 27 only once
+#: torn down (every command then raises DisposedError, which counts: that is the cell).
+R19_CELLS = [(row, kind) for row in ROWS for kind in MATRIX_COMMANDS]
+
+
+def test_R19_differential_machine_equals_model_over_the_whole_matrix() -> None:
+    """The differential run; then every R19 row × command (steer, inject, followup, quiet,
+    cancel, cancel with keepInbox, dispose) must have been generated at least once.
+
+    The random run covers the matrix by itself nearly always (its directed walks target
+    every cell); a cell it missed is then targeted by a derandomized top-up (`top_up`:
+    directed walks of the same state machine, with the same checks), so the assertion
+    depends neither on luck nor on the machine's speed. The counts are printed."""
+    R19_COVERAGE.clear()
+    run_state_machine_as_test(DifferentialMachine, settings=DIFFERENTIAL_SETTINGS)
+    if _examples and int(_examples) < settings.get_profile(PROFILE).max_examples:
+        return   # a reduced run (TURNSTILE_DIFF_EXAMPLES) is not expected to cover the matrix
+    missed = [cell for cell in R19_CELLS if not R19_COVERAGE.get(cell)]
+    for cell in missed:
+        top_up(cell)
+    counts = sorted((R19_COVERAGE.get(cell, 0), cell) for cell in R19_CELLS)
+    print(f"\nR19 coverage: {len(R19_CELLS)} cells, {len(missed)} topped up "
+          f"({', '.join(f'row {r} x {k}' for r, k in missed) or 'none'}); fewest: "
+          + ", ".join(f"row {row} x {kind}: {n}" for n, (row, kind) in counts[:6]))
+    missing = [cell for n, cell in counts if n == 0]
+    assert not missing, (f"{len(missing)} R19 cells never generated: "
+                         + ", ".join(f"row {row} ({ROWS[row]}) x {kind}" for row, kind in missing))
+
+
+class _Reached(Exception):
+    """A top-up example reached its cell (ends the search)."""
+
+
+def top_up(cell: tuple[int, str]) -> None:
+    """Derandomized directed walks towards *cell* until one reaches it (at most 40 examples),
+    with every check of the differential run (outputs, exceptions, state, logs, R20.1). An
+    example stops on its own reaching the cell, so data generation never depends on the
+    run's counts."""
+    @settings(DIFFERENTIAL_SETTINGS, max_examples=40, derandomize=True, database=None,
+              phases=[Phase.generate], report_multiple_bugs=False)
+    @given(data=st.data())
+    def directed(data: st.DataObject) -> None:
+        machine = DifferentialMachine()
+        machine.setup(max_parallel=data.draw(st.sampled_from([1, 2, 3])),
+                      publish=cell[0] == 26 or data.draw(st.booleans()),
+                      seeded=data.draw(st.booleans()))
+        for _ in range(6):
+            machine.directed_walk(data, cell, 80)
+            machine.window_closed_when_idle()
+            machine.inbox_ledger_balances()
+            if cell in machine.cells:
+                raise _Reached()
+        machine.teardown()
+    with contextlib.suppress(_Reached):
+        directed()
 
 
 # --------------------------------------------------------------------------

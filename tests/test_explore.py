@@ -1,46 +1,174 @@
-"""Bounded exhaustive exploration (ASSURANCE §2) at the CI depth, and proof that it can fail.
+"""Bounded exhaustive exploration (ASSURANCE §2): every configuration at its CI depth, the
+rule families it must reach, and proof that it can fail.
 
-The CI depths are sized for about three minutes on a 2-core machine; the
-``deep`` profile (``TURNSTILE_PROFILE=deep`` or ``make check-deep``) goes deeper.
+Each configuration of `machine.explore.CONFIGURATIONS` (a fresh agent; inside a turn; a
+parallel pool larger than its limit; a resumed session) is explored with the reference
+model compared at every step. The CI depths are sized for about a minute and a half of
+CPU in all; the ``deep`` profile (``TURNSTILE_PROFILE=deep`` or ``make check-deep``) goes
+deeper.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
-from machine._model import ModelAgent
-from machine.core import AgentCore, CoreConfig
-from machine.explore import COMMANDS, Explorer, _counter, state_key
+from machine.core import AgentCore
+from machine.explore import (
+    CONFIGURATIONS,
+    Explorer,
+    ExploreResult,
+    Node,
+    state_key,
+)
 from machine.invariants import AgentInvariantError, InvariantMonitor, next_status_ok, window_ok
-
-EXPLORE_CONFIG = CoreConfig(request_options={"provider": "p", "model": "m"}, publish=False)
+from machine.reach import FAMILIES, ROWS
 
 DEEP = os.environ.get("TURNSTILE_PROFILE") == "deep"
-DEFAULT_DEPTH = 9 if DEEP else 7
-ALL_COMMANDS_DEPTH = 7 if DEEP else 5
+
+#: The families each configuration is there to reach (the union must be all of FAMILIES).
+EXPECTED: dict[str, set[str]] = {
+    "idle": {"R5.2-now", "R5.2-staged", "R5.3", "R5.7", "R6", "R7", "R7.10", "R12.4", "R13",
+             "R14", "R16", "R16.5"},
+    "turn": {"R10", "R10.7", "R10.9", "R11", "R13.3", "R15.1", "R15.2", "R16.3"},
+    "parallel": {"R10.2", "R10.2-limit", "R10.7", "R10.11", "R10.9"},
+    "seeded": {"R9.6-resume", "R17"},
+}
+
+_results: dict[str, ExploreResult] = {}
 
 
-def _model() -> ModelAgent:
-    return ModelAgent(EXPLORE_CONFIG, clock=_counter())
+def explored(name: str) -> ExploreResult:
+    """The exploration of one configuration at its depth (run once per session)."""
+    if name not in _results:
+        configuration = CONFIGURATIONS[name]
+        depth = configuration.deep_depth if DEEP else configuration.ci_depth
+        _results[name] = configuration.explorer().run(depth)
+    return _results[name]
 
 
-def test_R20_1_exhaustive_default_alphabet_machine_equals_model() -> None:
-    """Every state reachable in DEFAULT_DEPTH decisions: invariants hold and the reference
-    model produces the same outputs and read-only state."""
-    result = Explorer(config=EXPLORE_CONFIG, other=_model).run(DEFAULT_DEPTH)
+@pytest.mark.parametrize("name", list(CONFIGURATIONS))
+def test_R20_1_exhaustive_machine_equals_model(name: str) -> None:
+    """Every state reachable within the configuration's depth: R20.1 holds (the ledger from
+    each command on), the session invariants hold, and the reference model produces the same
+    outputs, exceptions and read-only state."""
+    result = explored(name)
     assert result.failure is None, f"{result.failure}\n{result.failure.steps if result.failure else ''}"
-    assert result.states > 40_000 if not DEEP else result.states > 1_000_000
-    print(f"\nexplore depth {DEFAULT_DEPTH}: {result.states} states, "
-          f"{result.states_per_second:,.0f} states/s")
+    assert result.exhausted
+    missing = EXPECTED[name] - result.families
+    assert not missing, f"configuration {name!r} no longer reaches {sorted(missing)}"
+    print(f"\nexplore {name} depth {result.depth}: {result.states} states in "
+          f"{result.seconds:.1f} s; families {len(result.families)}/{len(FAMILIES)}; "
+          f"R19 cells {len(result.cells)}")
 
 
-def test_R20_1_exhaustive_all_commands_machine_equals_model() -> None:
-    result = Explorer(config=EXPLORE_CONFIG, commands=tuple(COMMANDS), other=_model).run(
-        ALL_COMMANDS_DEPTH)
-    assert result.failure is None, f"{result.failure}\n{result.failure.steps if result.failure else ''}"
-    assert result.states > 10_000
+def test_R20_1_exhaustive_reaches_every_rule_family() -> None:
+    """Across the configurations, every rule family of `machine.reach.FAMILIES` is exercised
+    (a family no exploration reaches is a family nothing here checks exhaustively)."""
+    reached: set[str] = set()
+    rows: set[int] = set()
+    for name in CONFIGURATIONS:
+        result = explored(name)
+        reached |= result.families
+        rows |= {row for row, _ in result.cells}
+    missing = [family for family in FAMILIES if family not in reached]
+    assert not missing, "never reached: " + ", ".join(f"{f} ({FAMILIES[f]})" for f in missing)
+    print(f"\nexplore: all {len(FAMILIES)} rule families reached; commands issued at "
+          f"{len(rows)} of the {len(ROWS)} R19 rows")
+
+
+# --------------------------------------------------------------------------
+# Soundness: the state key covers both implementations and the ledger
+# --------------------------------------------------------------------------
+
+
+def _drop_injects_at_turn_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: an inject issued while `turn/end` is observed is accepted and never written
+    (the D4 bug). The core then is exactly where it was before the inject."""
+    route = AgentCore._route
+
+    def dropping(self: AgentCore, message: Any, options: Any) -> None:
+        if (options.target == "next-step" and not options.wakeup
+                and self.lifecycle.state == "closing"):
+            return
+        route(self, message, options)
+
+    monkeypatch.setattr(AgentCore, "_route", dropping)
+
+
+def _core_only_key(self: Explorer, node: Node) -> str:
+    return state_key(node.core)
+
+
+def test_explorer_catches_a_dropping_core_that_a_core_only_key_prunes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """followup, run to turn/end, inject: the dropping core lands on the state it had one
+    decision earlier. Keyed by the core alone that node is pruned before the model's next
+    output is compared; keyed by both implementations and the ledger it is compared, and the
+    difference is reported with the inject as its last input."""
+    _drop_injects_at_turn_end(monkeypatch)
+    result = CONFIGURATIONS["idle"].explorer(commands=("followup", "inject")).run(3)
+    assert result.failure is not None and "differs" in str(result.failure)
+    inputs = [step["in"] for step in result.failure.steps if "in" in step]
+    assert inputs[0] == "followup" and inputs[-1] == "inject"
+    monkeypatch.setattr(Explorer, "key", _core_only_key)
+    blind = CONFIGURATIONS["idle"].explorer(commands=("followup", "inject")).run(3)
+    assert blind.failure is None
+
+
+def test_explorer_without_a_model_catches_the_drop_by_the_ledger(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the model, the monitor's ledger (in the key) catches the same drop: the
+    accepted inject is never appended, staged or reported (R20.1c)."""
+    _drop_injects_at_turn_end(monkeypatch)
+    result = CONFIGURATIONS["idle"].explorer(with_model=False, commands=("followup", "inject")).run(3)
+    assert result.failure is not None and "R20.1c" in str(result.failure)
+    monkeypatch.setattr(Explorer, "key", _core_only_key)
+    blind = CONFIGURATIONS["idle"].explorer(with_model=False,
+                                            commands=("followup", "inject")).run(3)
+    assert blind.failure is None
+
+
+# --------------------------------------------------------------------------
+# Macro-decisions, configurations, reports
+# --------------------------------------------------------------------------
+
+
+def test_macro_decisions_run_to_their_landmark() -> None:
+    explorer = Explorer()
+    node = explorer.replay([("cmd", "followup"), ("macro", "to:turn/end")])
+    assert node.outputs[-1].to_json()["type"] == "turn/end"
+    node = explorer.replay([("cmd", "followup"), ("macro", "to:model")])
+    assert node.outputs[-1].to_json()["kind"] == "model"
+    explorer.apply(node, ("macro", "defaults"))          # the model answered with text
+    assert not node.core.outstanding() and node.core.next_output() is not None
+    settled = explorer.replay([("cmd", "followup"), ("macro", "settle")])
+    assert settled.core.is_quiescent and not settled.core.outstanding()
+    assert [o.to_json().get("type") for o in settled.outputs][-2:] == ["agent/settled",
+                                                                        "agent/status"]
+
+
+def test_a_configuration_starts_from_its_prefix_and_seed() -> None:
+    node = CONFIGURATIONS["parallel"].explorer().replay(CONFIGURATIONS["parallel"].prefix)
+    assert [e.kind for e in node.core.outstanding()] == ["tool-execute"]
+    seeded = CONFIGURATIONS["seeded"].explorer().replay(())
+    assert seeded.core.log.last_turn == 1 and seeded.other is not None
+
+
+def test_explorer_refuses_unknown_alphabet_entries() -> None:
+    with pytest.raises(ValueError, match="unknown command"):
+        Explorer(commands=("shout",))
+    with pytest.raises(ValueError, match="unknown macro"):
+        Explorer(macros=("to:nowhere",))
+    with pytest.raises(ValueError, match="unknown model answer"):
+        Explorer(answers={"model": ("poem",)})
+
+
+# --------------------------------------------------------------------------
+# Planted bugs found without the model (the monitor alone)
+# --------------------------------------------------------------------------
 
 
 def test_explorer_catches_a_planted_context_loss(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -54,7 +182,7 @@ def test_explorer_catches_a_planted_context_loss(monkeypatch: pytest.MonkeyPatch
             context_slot.queued.clear()  # type: ignore[attr-defined]
 
     monkeypatch.setattr(AgentCore, "_clear_into", lossy)
-    result = Explorer().run(6)
+    result = Explorer(commands=("followup", "inject", "cancel")).run(4)
     assert result.failure is not None
     assert "R20.1c" in str(result.failure)
     inputs = [step for step in result.failure.steps if "in" in step]
@@ -64,7 +192,7 @@ def test_explorer_catches_a_planted_context_loss(monkeypatch: pytest.MonkeyPatch
 def test_explorer_catches_a_planted_status_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
     """A continue-or-idle that re-announces running (breaking D1) is found."""
     monkeypatch.setattr(AgentCore, "_claim", _claim_always_running(AgentCore._claim))
-    result = Explorer().run(6)
+    result = Explorer(commands=("followup",)).run(3)
     assert result.failure is not None and "R20.1a" in str(result.failure)
 
 

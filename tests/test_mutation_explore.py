@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from machine.explore import COMMANDS, Explorer
+from machine.explore import classic_explorer
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TURNSTILE_MUTATION") != "1",
@@ -24,10 +24,11 @@ ALL_COMMANDS_DEPTH = max(DEFAULT_DEPTH - 1, 1)
 
 
 def test_R20_1_mutation_explore_default_alphabet() -> None:
-    result = Explorer().run(DEFAULT_DEPTH)
+    result = classic_explorer().run(DEFAULT_DEPTH)
     assert result.failure is None, f"{result.failure}\n{result.failure.steps if result.failure else ''}"
 
 
 def test_R20_1_mutation_explore_all_commands() -> None:
-    result = Explorer(commands=tuple(COMMANDS)).run(ALL_COMMANDS_DEPTH)
+    result = classic_explorer(commands=("followup", "steer", "inject", "quiet", "cancel",
+                                        "cancel-keep", "dispose")).run(ALL_COMMANDS_DEPTH)
     assert result.failure is None, f"{result.failure}\n{result.failure.steps if result.failure else ''}"

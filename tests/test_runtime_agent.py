@@ -27,7 +27,7 @@ from machine.store import JsonlStore
 
 
 def run(main: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(main(), 10))     # a hang fails instead of blocking the suite
+    asyncio.run(asyncio.wait_for(main(), 60))     # a hang fails instead of blocking the suite
 
 
 def msg(id_: str, text: str, plugin: str | None = None) -> dict[str, Any]:
@@ -128,7 +128,7 @@ def test_dispose_interrupts_a_running_turn_and_waits_for_teardown() -> None:
 def test_when_idle_completes_at_once_when_idle_and_otherwise_after_the_work() -> None:
     async def main() -> None:
         async with Agent(ScriptedModel([text_reply("a"), text_reply("b")])) as agent:
-            await asyncio.wait_for(agent.when_idle(), 1)
+            await asyncio.wait_for(agent.when_idle(), 30)   # at once; the bound only guards a hang
             agent.followup("one")
             idle = asyncio.ensure_future(agent.when_idle())
             await asyncio.sleep(0)

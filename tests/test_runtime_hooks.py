@@ -40,7 +40,7 @@ from machine.runtime.hooks import JsonValue
 
 
 def run(main: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(main(), 10))
+    asyncio.run(asyncio.wait_for(main(), 60))
 
 
 def msg(id_: str, text: str, plugin: str = "guard") -> dict[str, Any]:

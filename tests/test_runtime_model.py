@@ -20,7 +20,7 @@ from machine.runtime.model import Chunk
 
 
 def run(main: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(main(), 10))
+    asyncio.run(asyncio.wait_for(main(), 60))
 
 
 def ends(agent: Agent) -> list[Any]:

@@ -26,7 +26,7 @@ from machine.runtime.tools import Tool, ToolCall
 
 
 def run(main: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(main(), 10))     # a hang fails instead of blocking the suite
+    asyncio.run(asyncio.wait_for(main(), 60))     # a hang fails instead of blocking the suite
 
 
 def log(agent: Agent) -> list[str]:

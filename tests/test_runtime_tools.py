@@ -23,7 +23,7 @@ from machine.vocabulary import ErrorInfo
 
 
 def run(main: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(main(), 10))
+    asyncio.run(asyncio.wait_for(main(), 60))
 
 
 def results(agent: Agent) -> list[dict[str, Any]]:
@@ -54,6 +54,13 @@ class Concurrency:
         self.peak = max(self.peak, self.running)
         self.started.append(call.call_id)
         try:
+            # Wait for a second body to join, counted in loop turns rather than time, so
+            # the peak a pool reaches does not depend on the machine's speed; a body that
+            # runs alone goes on after those turns.
+            for _ in range(1000):
+                if self.running >= 2:
+                    break
+                await asyncio.sleep(0)
             # later calls finish first: results must still be committed in model order
             await asyncio.sleep(0.001 * (10 - int(call.call_id[1:])))
         finally:

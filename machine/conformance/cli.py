@@ -72,6 +72,10 @@ EXIT_MALFORMED: Final = 3
 EXIT_PORT: Final = 4
 EXIT_INTERNAL: Final = 70
 
+#: the handshake's default budget (``--start-timeout``): a process start is not a reply
+DEFAULT_START_TIMEOUT: Final = 60.0
+
+
 def _internal(command: str, error: BaseException) -> int:
     print(f"turnstile {command}: internal error (please report): {type(error).__name__}: {error}",
           file=sys.stderr)
@@ -136,6 +140,9 @@ def configure_check(parser: argparse.ArgumentParser) -> None:
     output.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE")
     output.add_argument("-v", "--verbose", action="store_true",
                         help="also list passed, skipped and known-failure vectors")
+    parser.add_argument("--start-timeout", type=float, default=DEFAULT_START_TIMEOUT,
+                        metavar="SECONDS", help="how long to wait for a started adapter's "
+                        f"handshake (default {DEFAULT_START_TIMEOUT:g})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +159,7 @@ class CheckOptions:
     write_known_failures: str | None = None
     json: bool = False
     junit: str | None = None
+    start_timeout: float = DEFAULT_START_TIMEOUT
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> CheckOptions:
@@ -162,7 +170,8 @@ class CheckOptions:
                    Selection(patterns(get("run", ())), patterns(get("skip", ())),
                              patterns(get("tag", ())), patterns(get("rule", ()))),
                    get("known_failures", None), get("write_known_failures", None),
-                   get("json", False), get("junit", None))
+                   get("json", False), get("junit", None),
+                   get("start_timeout", DEFAULT_START_TIMEOUT))
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,14 +304,14 @@ def _run_port(options: CheckOptions, vectors: list[Vector]) -> tuple[list[Outcom
     """Run *vectors* through the port's adapter (restarted after each port failure)."""
     assert options.port is not None
     port = options.port
-    first = PortSubject(port, timeout=options.timeout)
+    first = PortSubject(port, timeout=options.timeout, start_timeout=options.start_timeout)
     info = first.info
     pending: list[Subject] = [first]
 
     def factory() -> Subject:
         if pending:
             return pending.pop()
-        return PortSubject(port, timeout=options.timeout)
+        return PortSubject(port, timeout=options.timeout, start_timeout=options.start_timeout)
 
     def skip(vector: Vector) -> str | None:
         deviating = [tag for tag in vector.tags if tag in info.deviations]

@@ -48,9 +48,13 @@ class PortInfo:
 class PortSubject:
     """A port's adapter process, driven through the adapter protocol."""
 
-    def __init__(self, command: str, *, timeout: float = 10.0) -> None:
+    def __init__(self, command: str, *, timeout: float = 10.0,
+                 start_timeout: float = 60.0) -> None:
         self.command = command
         self.timeout = timeout
+        #: the handshake's budget: starting a process (and its imports) on a loaded machine
+        #: can take much longer than answering a request, and is not a hang
+        self.start_timeout = start_timeout
         self.name = command
         self._lines: queue.Queue[object] = queue.Queue()
         self._stderr: deque[str] = deque(maxlen=STDERR_LINES)
@@ -112,13 +116,15 @@ class PortSubject:
             raise PortFailure(f"{self._exit_text()} (while sending {jsoncmp.render(request, 120)})"
                               ) from None
 
-    def _reply(self, request: dict[str, Any], expected: Sequence[str]) -> dict[str, Any]:
+    def _reply(self, request: dict[str, Any], expected: Sequence[str], *,
+               timeout: float | None = None) -> dict[str, Any]:
         about = f"in reply to {jsoncmp.render(request, 120)}"
+        budget = self.timeout if timeout is None else timeout
         try:
-            line = self._lines.get(timeout=self.timeout)
+            line = self._lines.get(timeout=budget)
         except queue.Empty:
             self._broken = True
-            raise PortFailure(f"no reply within {self.timeout:g}s {about}") from None
+            raise PortFailure(f"no reply within {budget:g}s {about}") from None
         if line is _EOF:
             self._lines.put(_EOF)
             raise PortFailure(f"{self._exit_text()} ({about})")
@@ -155,7 +161,7 @@ class PortSubject:
     def _handshake(self) -> PortInfo:
         request = {"op": "hello", "protocol": PROTOCOL_VERSION}
         self._send(request)
-        reply = self._reply(request, ("hello",))
+        reply = self._reply(request, ("hello",), timeout=self.start_timeout)
         if reply.get("protocol") != PROTOCOL_VERSION:
             raise self._field(reply, "protocol", f"the port speaks protocol "
                               f"{jsoncmp.render(reply.get('protocol'), 40)}; this checker speaks "

@@ -10,7 +10,8 @@ Bugs:
   the original implementation's behaviour that D6 changed; declare ``--deviate D6``
   to have the vectors tagged D6 skipped;
 * ``garbage`` — answers the first pull with a line that is not JSON;
-* ``hang`` — never answers the first pull;
+* ``hang`` — answers the handshake, then never answers again (its ``start``
+  reply never comes);
 * ``late-failure`` — accepts the first ``followup`` at once and reports it as failed
   afterwards (``input-failed`` before its next reply, PROTOCOL.md §3), as a port whose
   command fails after its first output would.
@@ -35,11 +36,12 @@ class WrongPort(Port):
         self.bug = bug
         self.deviations = deviations
         self.misrouted: set[str] = set()
-        self.pulls = 0
         self.late: dict[str, Any] | None = None
         self.failed_once = False
 
     def start(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+        if self.bug == "hang":
+            time.sleep(3600)
         self.misrouted.clear()   # message ids are per vector: a refused steer must not leak
         return super().start(request)
 
@@ -59,9 +61,6 @@ class WrongPort(Port):
         if self.late is not None:
             late, self.late = self.late, None
             return [late]
-        self.pulls += 1
-        if self.bug == "hang" and self.pulls == 1:
-            time.sleep(3600)
         kept: list[dict[str, Any]] = []
         for reply in super().pull(request):
             output = reply.get("output", {})

@@ -19,7 +19,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 VECTORS = HERE.parent / "vectors"
-MODULES = ("scenarios_ab", "scenarios_cd", "scenarios_ef", "scenarios_gh", "matrix", "rules")
+MODULES = ("scenarios_ab", "scenarios_cd", "scenarios_ef", "scenarios_gh", "matrix", "rules",
+           "blindspots")
 
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))

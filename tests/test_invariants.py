@@ -1,0 +1,207 @@
+"""R20.1 invariant monitor: the ledger starts at the command, and a claim is followed to its
+dequeue. Each check is shown catching a bug planted in a copy of the core (monkeypatch) that
+the output-only ledger let through, and staying silent on the real core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from machine import events as ev
+from machine.core import AgentCore, CoreConfig
+from machine.events import LiveEvent
+from machine.invariants import AgentInvariantError, InvariantMonitor, conservation_problem
+from machine.io import Cancel, Effect, Input, Live, Output, Resolve, Send
+from machine.jsonvalue import FrozenDict, FrozenList
+from machine.vocabulary import FOLLOWUP, INJECT
+
+CONFIG = CoreConfig(request_options={"provider": "p", "model": "m"}, publish=False)
+
+
+def msg(message_id: str) -> dict[str, Any]:
+    return {"id": message_id, "role": "user", "content": [{"type": "text", "text": message_id}],
+            "source": {"kind": "user"}}
+
+
+class Monitored:
+    """A core whose every input and output goes through a monitor that sees the inputs."""
+
+    def __init__(self) -> None:
+        self.core = AgentCore(CONFIG)
+        self.monitor = InvariantMonitor(self.core, self.core, sees_inputs=True)
+        self.outputs: list[Output] = []
+
+    def feed(self, item: Input) -> None:
+        self.core.feed(item)
+        self.monitor.input(item)
+        self.monitor.poll()
+
+    def pull(self, count: int | None = None) -> list[Output]:
+        """Pull *count* outputs (all when None); a quiet poll when the core waits."""
+        pulled: list[Output] = []
+        while count is None or len(pulled) < count:
+            output = self.core.next_output()
+            if output is None:
+                self.monitor.poll(quiet=True)
+                break
+            self.monitor.output(output)
+            pulled.append(output)
+        self.outputs += pulled
+        return pulled
+
+    def pull_until(self, predicate: Callable[[Output], bool]) -> Output:
+        while True:
+            output = self.pull(1)[0]
+            if predicate(output):
+                return output
+
+    def answer(self, kind: str, value: Any = None) -> None:
+        effect = next(e for e in self.core.outstanding() if e.kind == kind)
+        self.feed(Resolve(effect.id, value))
+
+
+def _is(kind: str) -> Callable[[Output], bool]:
+    return lambda o: (isinstance(o, Effect) and o.kind == kind) or (
+        isinstance(o, Live) and o.event.type == kind)
+
+
+# --------------------------------------------------------------------------
+# Accepted sends enter the ledger at the command (R20.1b, R20.1c, R5.2, R0.6, D4)
+# --------------------------------------------------------------------------
+
+
+def _inject_at_idle(run: Monitored) -> None:
+    run.feed(Send(msg("c1"), INJECT, preset="inject"))
+    run.pull()
+
+
+def test_R20_1c_a_closed_window_inject_is_in_the_ledger() -> None:
+    run = Monitored()
+    _inject_at_idle(run)                      # appended at once: balanced, nothing raised
+    assert run.monitor.injected == {"c1": 1} and run.monitor.logged == {"c1": 1}
+
+
+def test_R20_1c_a_dropped_closed_window_inject_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: an inject with the window closed is accepted and never appended (the D4 bug
+    at any position). No output is missing that the output ledger knew to expect."""
+    route = AgentCore._route
+
+    def dropping(self: AgentCore, message: Any, options: Any) -> None:
+        if options.target == "next-step" and not options.wakeup and not self.window.is_open:
+            return
+        route(self, message, options)
+
+    monkeypatch.setattr(AgentCore, "_route", dropping)
+    run = Monitored()
+    with pytest.raises(AgentInvariantError, match=r"\[R20\.1c\] inject 'c1': accepted 1 "
+                       r"time\(s\), but appended 0, still staged 0, reported discarded 0"):
+        _inject_at_idle(run)
+    assert run.outputs == []                  # nothing at all came out of the drop
+
+
+def test_R20_1b_a_send_that_is_never_announced_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: a followup made while busy is accepted and silently dropped (no enqueue, not
+    queued): the output-only conservation balances, the command ledger does not."""
+    route = AgentCore._route
+
+    def dropping(self: AgentCore, message: Any, options: Any) -> None:
+        if options == FOLLOWUP and self.lifecycle.busy:
+            return
+        route(self, message, options)
+
+    monkeypatch.setattr(AgentCore, "_route", dropping)
+    run = Monitored()
+    run.feed(Send(msg("go"), FOLLOWUP, preset="followup"))
+    run.pull()
+    run.answer("tick")
+    run.pull_until(_is("prompt-submit"))
+    run.feed(Send(msg("later"), FOLLOWUP, preset="followup"))
+    assert conservation_problem(run.monitor.enqueued, run.monitor.dequeued,
+                                run.monitor.discarded, ["go"]) is None
+    with pytest.raises(AgentInvariantError, match=r"\[R20\.1b\] message 'later': accepted 1 "
+                       r"time\(s\) by a send, but announced by 0 agent/inbox/enqueue"):
+        run.pull()
+
+
+# --------------------------------------------------------------------------
+# A claimed item keeps its dequeue (R7.5, R7.6, R20.1b)
+# --------------------------------------------------------------------------
+
+
+def _cancel_at_running(run: Monitored) -> None:
+    """followup from idle, the wake, and a cancel at `agent/status running` (R19 row 2)."""
+    run.feed(Send(msg("go"), FOLLOWUP, preset="followup"))
+    run.pull()
+    run.answer("tick")
+    run.pull_until(lambda o: isinstance(o, Live) and o.event.type == ev.STATUS)
+    run.feed(Cancel({"kind": "user"}))
+    run.pull()
+
+
+def test_R7_5_an_admission_aborted_at_running_keeps_its_dequeue() -> None:
+    run = Monitored()
+    _cancel_at_running(run)
+    assert run.monitor.dequeued == {"go": 1} and run.monitor.claimed is None
+
+
+def _bent_claim(replace: Callable[[AgentCore, Live], Iterator[Live]]) -> Any:
+    """A copy of `AgentCore._claim` whose queued dequeue, when the admission is already
+    aborted, is replaced by what *replace* yields."""
+    claim = AgentCore._claim
+
+    def bent(self: AgentCore) -> Any:
+        inner = claim(self)
+        sent: Any = None
+        while True:
+            try:
+                item = inner.send(sent)
+            except StopIteration as stop:
+                return stop.value
+            if (isinstance(item, Live) and item.event.type == ev.INBOX_DEQUEUE
+                    and self._ctrl is not None and self._ctrl.aborted):
+                yield from replace(self, item)
+                sent = None
+                continue
+            sent = yield item
+    return bent
+
+
+def test_R20_1b_an_aborted_admission_without_its_dequeue_is_caught(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: the dequeue of an admission aborted before its decision is left out."""
+    monkeypatch.setattr(AgentCore, "_claim", _bent_claim(lambda core, dequeue: iter(())))
+    run = Monitored()
+    with pytest.raises(AgentInvariantError, match=r"\[R20\.1b\] the claimed item 'go' got no "
+                       r"agent/inbox/dequeue before the rejected admission's tick"):
+        _cancel_at_running(run)
+
+
+def test_R20_1b_a_claimed_item_reported_discarded_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: the aborted admission reports its claimed item in an inbox discard instead of
+    its dequeue. The counts balance (enqueued once, discarded once), so only following the
+    claim catches it."""
+    def as_discard(core: AgentCore, dequeue: Live) -> Iterator[Live]:
+        message = dequeue.event.payload["message"]
+        yield Live(LiveEvent(ev.INBOX_DISCARD, FrozenDict({"messages": FrozenList([message])})))
+
+    monkeypatch.setattr(AgentCore, "_claim", _bent_claim(as_discard))
+    run = Monitored()
+    assert conservation_problem({"go": 1}, {}, {"go": 1}, []) is None
+    with pytest.raises(AgentInvariantError, match=r"\[R20\.1b\] the claimed item 'go' is "
+                       r"listed in a discard instead of its dequeue"):
+        _cancel_at_running(run)
+
+
+def test_R20_1b_a_dequeue_of_another_item_than_the_claimed_one_is_caught() -> None:
+    run = Monitored()
+    run.feed(Send(msg("go"), FOLLOWUP, preset="followup"))
+    run.pull()
+    run.answer("tick")
+    run.pull_until(lambda o: isinstance(o, Live) and o.event.type == ev.STATUS)
+    forged = Live(LiveEvent(ev.INBOX_DEQUEUE, FrozenDict({"message": FrozenDict(
+        {"id": "other"}), "placement": "queued"})))
+    with pytest.raises(AgentInvariantError, match=r"dequeue of 'other', but 'go' was claimed"):
+        run.monitor.output(forged)
