@@ -290,6 +290,28 @@ class _Call:
     error: ErrorInfo | None = None
 
 
+@dataclass(slots=True)
+class _Batch:
+    """One tool batch in progress (R10): its calls, the dispatched calls not yet taken (by
+    execute effect id, in start order), and how far starting and committing have come."""
+
+    calls: list[_Call]
+    in_flight: dict[int, _Call] = field(default_factory=dict)
+    next_start: int = 0
+    commit_from: int = 0
+    failed_at: int | None = None
+    concluded: bool = False
+
+    def running(self) -> frozenset[int]:
+        """The execute effects of dispatched calls still waiting for their settlement."""
+        return frozenset(e for e, c in self.in_flight.items() if c.outcome == "running")
+
+    def note(self, call: _Call) -> None:
+        """R10.9: a failing call (the first in model order) stops the batch."""
+        if call.outcome == "failed" and (self.failed_at is None or call.index < self.failed_at):
+            self.failed_at = call.index
+
+
 _Mail: TypeAlias = tuple[int, str, Any]
 _Proc: TypeAlias = Generator["Output | _Wait", "_Mail | None", Any]
 _Queued: TypeAlias = "Output | _DiscardSlot | _CancelRequested | _AbortNotice"
@@ -710,10 +732,10 @@ class AgentCore:
 
     def next_output(self) -> Output | None:
         """The next output, or None when the core waits for an input."""
-        self._retro = None          # the previous output's delivery has ended
         out = self._out
         while True:
             if out:
+                self._retro = None      # the previous output's delivery has ended (P7)
                 item = out.popleft()
                 if isinstance(item, _DiscardSlot):
                     live = item.materialise()
@@ -739,8 +761,9 @@ class AgentCore:
             if self._wait is not None:
                 sent = self._take_mail(self._wait)
                 if sent is None:
-                    return None
+                    return None         # P7: nothing pulled, the position stays
                 self._wait = None
+            self._retro = None          # the loop moves on: the position is over (P7)
             try:
                 yielded = proc.send(sent)
             except StopIteration:
@@ -781,9 +804,11 @@ class AgentCore:
             if mail is None:
                 return False
             self._wake_effect = None
+            self._retro = None          # the loop moves on (P7)
             self._wake()
             return True
         if self._disposing and not self._disposed and self.is_quiescent:
+            self._retro = None
             self._teardown()
             return True
         return False
@@ -1286,83 +1311,96 @@ class AgentCore:
         return self.config.tool_modes.get(call.name, "exclusive")
 
     def _tool_batch(self, blocks: list[FrozenDict]) -> Generator[Output | _Wait, _Mail | None, bool]:
-        calls = [_Call(i, str(b["id"]), str(b["name"]), plan_arguments(str(b["arguments"])))
-                 for i, b in enumerate(blocks)]
+        batch = _Batch([_Call(i, str(b["id"]), str(b["name"]), plan_arguments(str(b["arguments"])))
+                        for i, b in enumerate(blocks)])
+        calls = batch.calls
         ctrl = self._ctrl
         assert ctrl is not None
-        concluded = False
-        failed_at: int | None = None
-        next_start = 0
-        while next_start < len(calls) and failed_at is None and not ctrl.aborted:
-            first = calls[next_start]
+        while batch.next_start < len(calls) and batch.failed_at is None and not ctrl.aborted:
+            first = calls[batch.next_start]
             pool = self._mode(first) == "parallel"
             limit = self.config.max_parallel_tool_calls if pool else 1
             group_open = True
-            in_flight: dict[int, _Call] = {}       # execute effect id -> call
-            commit_from = next_start
+            batch.in_flight.clear()
+            batch.commit_from = batch.next_start
             while True:
-                # R10.2: start calls up to the limit, committing what is committable after
-                # each start; on each settlement commit first, then start again.
-                while (group_open and failed_at is None and not ctrl.aborted
-                       and len(in_flight) < limit and next_start < len(calls)):
-                    call = calls[next_start]
+                # R10.2: start calls while fewer than the limit are in flight (dispatched and
+                # not yet taken), committing what is committable after each start.
+                while (group_open and batch.failed_at is None and not ctrl.aborted
+                       and len(batch.in_flight) < limit and batch.next_start < len(calls)):
+                    call = calls[batch.next_start]
                     if call is not first and (not pool or self._mode(call) != "parallel"):
                         group_open = False
                         break
-                    next_start += 1
-                    yield from self._start_call(call, in_flight)        # R10.3
-                    if call.outcome == "failed" and (failed_at is None or call.index < failed_at):
-                        failed_at = call.index
+                    batch.next_start += 1
+                    yield from self._start_call(batch, call)            # R10.3
+                    batch.note(call)
                     if not pool:
                         group_open = False
-                    done, commit_from, failed_at = yield from self._commit_ready(
-                        calls, commit_from, next_start, failed_at)
-                    concluded = concluded or done
-                if not in_flight:
-                    if (failed_at is not None or ctrl.aborted or not group_open
-                            or next_start >= len(calls)):
+                    yield from self._commit_ready(batch)
+                if not batch.in_flight:
+                    if (batch.failed_at is not None or ctrl.aborted or not group_open
+                            or batch.next_start >= len(calls)):
                         break
                     continue
-                mail = yield _Wait(frozenset(in_flight))   # a settlement (R10.2)
-                assert mail is not None
-                effect_id, kind, value = mail
-                call = in_flight.pop(effect_id)
-                self._settle_call(call, kind, value, ctrl.aborted)      # R10.3 step 5
-                if call.outcome == "failed" and (failed_at is None or call.index < failed_at):
-                    failed_at = call.index
-                done, commit_from, failed_at = yield from self._commit_ready(
-                    calls, commit_from, next_start, failed_at)
-                concluded = concluded or done
-        if failed_at is not None:                                 # R10.9
-            failed = calls[failed_at]
+                # R10.2: take a settled call (the earliest started), waiting for a settlement
+                # if none has come; every settlement that has arrived is taken with it (P6).
+                if not any(c.outcome != "running" for c in batch.in_flight.values()):
+                    mail = yield _Wait(batch.running())
+                    assert mail is not None
+                    self._absorb(batch, mail)
+                    while (more := self._take_mail(batch.running())) is not None:
+                        self._absorb(batch, more)
+                taken = next(e for e, c in batch.in_flight.items() if c.outcome != "running")
+                del batch.in_flight[taken]
+                yield from self._commit_ready(batch)
+        if batch.failed_at is not None:                           # R10.9
+            failed = calls[batch.failed_at]
             assert failed.error is not None
             raise _Failure(failed.error, code="INVALID_TOOL_RESULT")
         if ctrl.aborted:                                          # R10.7 synthetic pairs
-            for call in calls[next_start:]:
+            for call in calls[batch.next_start:]:
                 call_event = self._commit(ev.TOOL_CALL, self._call_data(call))
                 call.call_seq = call_event.event.seq
                 yield call_event
                 yield self._tool_result(call, ABD_RESULT)
-        return concluded
+        return batch.concluded
 
-    def _commit_ready(self, calls: list[_Call], commit_from: int, next_start: int,
-                      failed_at: int | None,
-                      ) -> Generator[Output | _Wait, _Mail | None, tuple[bool, int, int | None]]:
-        """R10.4: commit settled calls in model order, up to the first unsettled or failed one.
+    def _absorb(self, batch: _Batch, mail: _Mail) -> None:
+        """R10.3 step 5: a settlement of a dispatched call, taken (P6) when it arrives before
+        what the batch waits for; the call stays in flight until the batch takes it."""
+        effect_id, kind, value = mail
+        ctrl = self._ctrl
+        assert ctrl is not None
+        call = batch.in_flight[effect_id]
+        self._settle_call(call, kind, value, ctrl.aborted)
+        batch.note(call)
 
-        Returns (some result concluded the turn, next uncommitted index, first failed index).
-        """
-        concluded = False
-        while commit_from < next_start and (failed_at is None or commit_from < failed_at):
-            call = calls[commit_from]
+    def _batch_await(self, batch: _Batch,
+                     effect_id: int) -> Generator[Output | _Wait, _Mail | None, _Mail]:
+        """Wait for a prepare or finalize completion; settlements of dispatched calls that
+        arrive before it settle their calls first, in arrival order (P6)."""
+        while True:
+            mail = yield _Wait(frozenset((effect_id,)) | batch.running())
+            assert mail is not None
+            if mail[0] == effect_id:
+                return mail
+            self._absorb(batch, mail)
+
+    def _commit_ready(self, batch: _Batch) -> Generator[Output | _Wait, _Mail | None, None]:
+        """R10.4: commit settled calls in model order, up to the first unsettled or failed one."""
+        calls = batch.calls
+        while batch.commit_from < batch.next_start and (
+                batch.failed_at is None or batch.commit_from < batch.failed_at):
+            call = calls[batch.commit_from]
             if call.outcome in ("pending", "running"):
                 break
-            concluded = (yield from self._commit_call(call)) or concluded
+            if (yield from self._commit_call(batch, call)):
+                batch.concluded = True
             if call.outcome == "failed":
-                failed_at = call.index
+                batch.note(call)
                 break
-            commit_from += 1
-        return concluded, commit_from, failed_at
+            batch.commit_from += 1
 
     def _call_data(self, call: _Call) -> dict[str, Frozen]:
         return {"turn": self._turn, "step": self._step, "callId": call.call_id,
@@ -1373,8 +1411,8 @@ class AgentCore:
                            "callId": call.call_id, "name": call.name,
                            "arguments": call.arguments, **extra})
 
-    def _start_call(self, call: _Call,
-                    in_flight: dict[int, _Call]) -> Generator[Output | _Wait, _Mail | None, None]:
+    def _start_call(self, batch: _Batch,
+                    call: _Call) -> Generator[Output | _Wait, _Mail | None, None]:
         """R10.3: tool/call, prepare, then dispatch (or not)."""
         call_event = self._commit(ev.TOOL_CALL, self._call_data(call))
         call.call_seq = call_event.event.seq
@@ -1387,7 +1425,7 @@ class AgentCore:
             return
         prepare = self._new_effect(TOOL_PREPARE, self._stage_payload(call))
         yield prepare
-        _, kind, value = yield from self._await(prepare.id)
+        _, kind, value = yield from self._batch_await(batch, prepare.id)
         if kind == "raise":                                       # a final error result
             assert isinstance(value, ErrorInfo)
             call.result = raised_result(value)
@@ -1403,7 +1441,7 @@ class AgentCore:
             call.result = ABD_RESULT
             return
         execute = self._new_effect(TOOL_EXECUTE, self._stage_payload(call))
-        in_flight[execute.id] = call
+        batch.in_flight[execute.id] = call
         call.outcome, call.dispatched = "running", True
         yield execute
 
@@ -1423,7 +1461,8 @@ class AgentCore:
             result = _canonical_result(ABORTED_ERROR, ABORTED_TEXT, result.additional_contexts)
         call.outcome, call.result = "settled", result
 
-    def _commit_call(self, call: _Call) -> Generator[Output | _Wait, _Mail | None, bool]:
+    def _commit_call(self, batch: _Batch,
+                     call: _Call) -> Generator[Output | _Wait, _Mail | None, bool]:
         """R10.4: finalize, validate, append the result, stage contexts; True if it concludes."""
         if call.outcome == "failed":
             return False
@@ -1433,7 +1472,7 @@ class AgentCore:
             finalize = self._new_effect(TOOL_FINALIZE, self._stage_payload(
                 call, result=frozen_json(normalized(result))))
             yield finalize
-            _, kind, value = yield from self._await(finalize.id)
+            _, kind, value = yield from self._batch_await(batch, finalize.id)
             if kind == "raise":
                 assert isinstance(value, ErrorInfo)
                 result = raised_result(value)

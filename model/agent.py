@@ -231,6 +231,7 @@ class _Call:
     call_seq: int = -1
     execute_effect: int | None = None
     dispatched: bool = False  # execute was requested: a late success becomes ABORTED (§10.11)
+    taken: bool = False  # R10.2: a dispatched call counts as in flight until the batch takes it
     result: ToolResult | None = None  # what the call has so far (§10.3, R10.3)
     final: bool = False  # the result skips finalize (from prepare, a prepare raise, R10.3)
     error: ErrorInfo | None = None  # why the call failed (§10.9)
@@ -597,6 +598,7 @@ class ModelAgent:
                 self._proc = self._wake(tick)
                 self._waiting = None
             elif self._disposing and not self._disposed and self.is_quiescent:
+                self._cancel_scope = None  # P7: the loop moves on, the position is over
                 self._teardown()
                 return True
             else:
@@ -607,6 +609,9 @@ class ModelAgent:
             if found is None:
                 return False
             sent = found
+        # P7: a pull that finds nothing leaves the position (and a cancel's window) as it is;
+        # the loop's next step moves past it
+        self._cancel_scope = None
         try:
             yielded = self._proc.send(sent)
         except StopIteration:
@@ -1500,7 +1505,7 @@ class ModelAgent:
             return
         effect = self._request(TOOL_PREPARE, **self._stage_payload(controller, call))
         yield None
-        completion = yield _Wait(frozenset({effect}))
+        completion = yield from self._await_stage(controller, state, effect)
         if isinstance(completion, Raise):
             call.result, call.final, call.state = _result_of_raise(completion.error), True, "settled"
             return
@@ -1520,14 +1525,35 @@ class ModelAgent:
         yield None
 
     def _settle_one(self, controller: _Controller, state: _BatchState) -> Proc:
-        """§10.2, §10.11, P6: wait for the next in-flight execute settlement (arrival order).
-        A raise stands for an error result (R10.12); a valid success that settles while the
-        signal is aborted is replaced by the aborted result before finalize sees it (the
-        original replaces it at dispatch); an invalid value fails the call (D5)."""
-        waiting = frozenset(c.execute_effect for c in state.calls
-                            if c.state == "inflight" and c.execute_effect is not None)
-        completion = yield _Wait(waiting)
-        assert completion is not None
+        """§10.2, R10.2, P6: take one dispatched call whose body has settled, the earliest
+        started (as ``Promise.race`` over the pool picks the first settled in insertion order);
+        if none has, wait for the next settlement, and take with it every settlement that has
+        arrived (their calls settle before the batch goes on, as resolved promises do)."""
+        if not any(c.dispatched and not c.taken and c.state != "inflight" for c in state.calls):
+            completion = yield _Wait(state.running())
+            assert completion is not None
+            self._absorb(controller, state, completion)
+            while (more := self._take_mail(state.running())) is not None:
+                self._absorb(controller, state, more)
+        call = next(c for c in state.calls if c.dispatched and not c.taken and c.state != "inflight")
+        call.taken = True
+
+    def _await_stage(self, controller: _Controller, state: _BatchState, effect: int
+                     ) -> Generator[_Wait | None, Completion | None, Completion]:
+        """Wait for a prepare or finalize completion. P6: a settlement of a dispatched call
+        that arrives before it is taken first (its call settles), in arrival order."""
+        while True:
+            completion = yield _Wait(frozenset({effect}) | state.running())
+            assert completion is not None
+            if completion.effect == effect:
+                return completion
+            self._absorb(controller, state, completion)
+
+    def _absorb(self, controller: _Controller, state: _BatchState, completion: Completion) -> None:
+        """§10.11, R10.3 step 5: a body's settlement. A raise stands for an error result
+        (R10.12); a valid success that settles while the signal is aborted is replaced by the
+        aborted result before finalize sees it (the original replaces it at dispatch); an
+        invalid value fails the call (D5)."""
         call = next(c for c in state.calls if c.execute_effect == completion.effect)
         if isinstance(completion, Raise):
             call.result, call.state = _result_of_raise(completion.error), "settled"
@@ -1570,7 +1596,7 @@ class ModelAgent:
             payload["result"] = _normal(result).to_json()
             effect = self._request(TOOL_FINALIZE, **payload)
             yield None
-            completion = yield _Wait(frozenset({effect}))
+            completion = yield from self._await_stage(controller, state, effect)
             if isinstance(completion, Raise):
                 result = _result_of_raise(completion.error)
             else:
@@ -1630,8 +1656,14 @@ class _BatchState:
     concluded: bool = False
 
     def inflight(self) -> int:
-        """§10.2: calls started and not yet settled (dispatched executes)."""
-        return sum(1 for call in self.calls if call.state == "inflight")
+        """§10.2, R10.2: calls in flight: dispatched and not yet taken by the batch (a call
+        whose body has settled still counts until then, as the original's pool counts it)."""
+        return sum(1 for call in self.calls if call.dispatched and not call.taken)
+
+    def running(self) -> frozenset[int]:
+        """The execute effects still waiting for their settlement."""
+        return frozenset(call.execute_effect for call in self.calls
+                         if call.state == "inflight" and call.execute_effect is not None)
 
     def failed_at(self) -> int | None:
         """§10.9: the first failing call in model order (its failure propagates, and it and

@@ -19,6 +19,7 @@ import pytest
 
 from machine import __version__, specfiles
 from machine.cli import main
+from machine.explore import CONFIGURATIONS
 from machine.runtime import demo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +128,8 @@ def test_explore_json(capsys: pytest.CaptureFixture[str]) -> None:
     result = json.loads(capsys.readouterr().out)
     assert result["ok"] and result["model"] and result["violation"] is None
     assert result["depth"] == 2 and result["states"] > 1 and result["transitions"] > 1
-    assert result["commands"] == ["followup", "steer", "inject", "cancel"]
+    assert result["commands"] == list(CONFIGURATIONS["idle"].commands)
+    assert result["configuration"] == "idle" and "R16" in result["families"]
 
 
 def test_a_model_module_of_the_user_s_shadows_nothing(tmp_path: Path) -> None:

@@ -160,8 +160,9 @@ def _bent_claim(replace: Callable[[AgentCore, Live], Iterator[Live]]) -> Any:
                 item = inner.send(sent)
             except StopIteration as stop:
                 return stop.value
+            # aborted at the claim, the admission has already released its owner (R7.5)
             if (isinstance(item, Live) and item.event.type == ev.INBOX_DEQUEUE
-                    and self._ctrl is not None and self._ctrl.aborted):
+                    and self._owner is None):
                 yield from replace(self, item)
                 sent = None
                 continue
