@@ -8,6 +8,7 @@ the message vocabulary, and the session log. See ``specs/`` for the rules.
 from machine.core import AgentCore, CoreConfig
 from machine.errors import (
     CodecError,
+    CoreFailedError,
     DisposedError,
     InvariantError,
     NotJsonCompatibleError,
@@ -34,8 +35,8 @@ from machine.vocabulary import (
 
 __all__ = [
     "FOLLOWUP", "INJECT", "STEER", "AgentCore", "CancelCause", "CodecError", "Control",
-    "CoreConfig", "DisposedError", "Durable", "Effect", "ErrorInfo", "Event", "InvariantError",
-    "Live", "LiveEvent", "LlmFailure", "Message", "NotJsonCompatibleError", "Output",
-    "ProtocolError", "SendOptions", "SessionLog", "ToolResult", "TurnstileError",
+    "CoreConfig", "CoreFailedError", "DisposedError", "Durable", "Effect", "ErrorInfo", "Event",
+    "InvariantError", "Live", "LiveEvent", "LlmFailure", "Message", "NotJsonCompatibleError",
+    "Output", "ProtocolError", "SendOptions", "SessionLog", "ToolResult", "TurnstileError",
     "ValidationError", "plugin_source", "user_message",
 ]

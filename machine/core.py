@@ -47,7 +47,14 @@ from typing import Any, Final, Literal, TypeAlias
 
 from machine import decisions
 from machine import events as ev
-from machine.errors import DisposedError, ProtocolError, ValidationError
+from machine.errors import (
+    CoreFailedError,
+    DisposedError,
+    InvariantError,
+    ProtocolError,
+    TurnstileError,
+    ValidationError,
+)
 from machine.events import Event, LiveEvent
 from machine.io import (
     FLUSH,
@@ -77,7 +84,7 @@ from machine.io import (
     Resolve,
     Send,
 )
-from machine.jsonvalue import Frozen, FrozenDict, FrozenList, JsonLike, freeze, same_json
+from machine.jsonvalue import Frozen, FrozenDict, FrozenList, JsonLike, freeze, same_json, snapshot
 from machine.log import SessionLog
 from machine.machines import Inbox, Lifecycle, Outbox, Window
 from machine.vocabulary import (
@@ -94,7 +101,9 @@ from machine.vocabulary import (
     ToolResult,
     block_problem,
     decision_from_json,
+    internal_error,
     message_mapping,
+    minted_id,
     validate_chunk,
     validate_user_message,
 )
@@ -107,6 +116,12 @@ DISPOSED: Final = FrozenDict({"kind": "disposed"})
 MAX_TOKENS: Final = FrozenDict({"kind": "max-tokens"})
 RETRY_TRIGGER: Final = FrozenDict({"kind": "retry"})
 APPEND: Final = "append"
+
+#: R20.4: the event types the loop writes to structure its turns; while the core is busy a
+#: direct append of one of them is refused.
+LOOP_TYPES: Final = frozenset({ev.TURN_START, ev.TURN_END, ev.STEP_START, ev.STEP_END,
+                               ev.ASSISTANT_CHUNK, ev.ASSISTANT_MESSAGE, ev.TOOL_CALL,
+                               ev.TOOL_RESULT})
 
 ABD_ERROR: Final = FrozenDict({"name": "AbortError", "code": "ABORTED_BEFORE_DISPATCH"})
 ABD_TEXT: Final = "Error: tool call aborted before dispatch"
@@ -333,6 +348,8 @@ class AgentCore:
         self._header_logged = False
         self._disposing = False
         self._disposed = False
+        self._failure: ErrorInfo | None = None    # P14: why the core stopped, once it has
+        self._abandoned: set[int] = set()         # P14: effects requested before it stopped
         if self.config.publish:
             self._emit_live(ev.SESSION_CREATED)
             self._emit_live(ev.AGENT_CREATED, status="idle")
@@ -382,6 +399,11 @@ class AgentCore:
     @property
     def disposed(self) -> bool:
         return self._disposed
+
+    @property
+    def failure(self) -> ErrorInfo | None:
+        """P14: the internal failure that stopped the core, or None while it works."""
+        return self._failure
 
     def queued_ids(self) -> tuple[str, ...]:
         """Ids of the queued inbox items, FIFO order."""
@@ -447,14 +469,36 @@ class AgentCore:
                source_event_seqs: Sequence[int] | None = None) -> Event:
         """A direct append by extension code (R20.2): checked, committed, delivered in order."""
         self._check_live()
-        event = self.log.commit(type, data, surface_op=surface_op,
-                                source_event_seqs=source_event_seqs)
+        if type in LOOP_TYPES and self.lifecycle.busy:          # R20.4
+            self.log.check(type, data, surface_op=surface_op,    # the log's own verdict first
+                           source_event_seqs=source_event_seqs)
+            raise InvariantError("R20.4", f"{type} is written by the loop itself: a direct "
+                                 "append of it is refused while the agent is busy")
+        event = self._command_commit(type, data, surface_op=surface_op,
+                                     source_event_seqs=source_event_seqs)
         self._emit(Durable(event))
         return event
+
+    def _command_commit(self, type_: str, data: JsonLike | Message, *,
+                        surface_op: JsonLike = None,
+                        source_event_seqs: Sequence[int] | None = None) -> Event:
+        """A command's append (P3, P14): the log's refusals as they are; any other failure of
+        the append (nothing was appended, L2) raised as an `InvariantError`."""
+        try:
+            return self.log.commit(type_, data, surface_op=surface_op,
+                                   source_event_seqs=source_event_seqs)
+        except TurnstileError:
+            raise
+        except Exception as error:
+            raise InvariantError("L2", f"{type_}: nothing was appended: "
+                                 f"{internal_error(error).message}") from error
 
     def _check_live(self) -> None:
         if self._disposed:
             raise DisposedError("the agent is disposed; only dispose() may be called")
+        if self._failure is not None:                           # P14
+            raise CoreFailedError(f"the core stopped after an internal failure "
+                                  f"({self._failure.message}); only dispose() may be called")
 
     def _route(self, message: Message, options: SendOptions) -> None:
         retro = self._retro
@@ -468,7 +512,7 @@ class AgentCore:
                 self.outbox.stage(message, False)
             return
         if where == "append-now":                       # R5.2 / D4: appended at once
-            self._emit(Durable(self.log.commit(ev.USER_MESSAGE, message, surface_op=APPEND)))
+            self._emit(Durable(self._command_commit(ev.USER_MESSAGE, message, surface_op=APPEND)))
             return
         if where == "stage-steering":
             if not cleared:
@@ -567,6 +611,11 @@ class AgentCore:
             raise ProtocolError(f"effect id must be an integer, not {effect!r}")
         record = self._effects.get(effect)
         if record is None:
+            if effect in self._abandoned:                       # P14: accepted, dropped
+                if kind != "chunk":
+                    self._abandoned.discard(effect)
+                    self._done_effects.add(effect)
+                return
             if effect in self._done_effects:
                 raise ProtocolError(f"effect {effect} was already completed")
             raise ProtocolError(f"effect {effect} was never requested")
@@ -579,6 +628,8 @@ class AgentCore:
         if kind == "resolve" and record.kind == MODEL:
             raise ProtocolError(f"effect {effect} is a model stream: complete it with chunk, "
                                 "end or raise")
+        if kind != "raise":
+            value = snapshot(value)     # V6, P6: the value as it is at the call
         if kind != "chunk":
             del self._effects[effect]
             self._done_effects.add(effect)
@@ -634,8 +685,11 @@ class AgentCore:
             # once rather than queued and taken back (the same output, in the same order).
             proc = self._proc
             if proc is None:
-                if not self._advance_idle():
-                    return None
+                try:
+                    if not self._advance_idle():
+                        return None
+                except Exception as error:      # P14: never escapes, never half-advanced
+                    self._stop(error)
                 continue
             sent: _Mail | None = None
             if self._wait is not None:
@@ -647,6 +701,9 @@ class AgentCore:
                 yielded = proc.send(sent)
             except StopIteration:
                 self._proc = None
+                continue
+            except Exception as error:          # P14: the loop cannot go on
+                self._stop(error)
                 continue
             if isinstance(yielded, _Wait):
                 self._wait = yielded.ids
@@ -661,6 +718,33 @@ class AgentCore:
         while (output := self.next_output()) is not None:
             outputs.append(output)
         return outputs
+
+    def _stop(self, error: Exception) -> None:
+        """P14: the loop failed where it could not fail a turn in order (a closing append
+        refused twice, or a failure outside any turn): the core stops. Its machines are reset
+        (so the status is idle), what it waited for is abandoned (later completions are
+        accepted and dropped), pending input stays pending until dispose() reports it, and
+        ``agent/error`` names the failure."""
+        info = internal_error(error)
+        self._failure = info
+        self._proc = None
+        self._wait = None
+        self._mail.clear()
+        self._abandoned.update(self._effects)
+        self._effects.clear()
+        self._wake_effect = None
+        self._owner = None
+        self._ctrl = None
+        self._pending_retry = False
+        if self._disposing:             # R17.4: no item is claimed any more; report them
+            self._cancel(DISPOSED_CAUSE, False)
+        was_busy = self.lifecycle.busy
+        self.lifecycle = Lifecycle()
+        self.window = Window()
+        self._emit(Live(LiveEvent(ev.ERROR, FrozenDict({"turn": self._turn, "step": self._step,
+                                                        "error": frozen_json(info)}))))
+        if was_busy:
+            self._emit_live(ev.STATUS, status="idle")
 
     def _emit(self, item: _Queued) -> None:
         retro = self._retro
@@ -837,8 +921,15 @@ class AgentCore:
         self._ctrl = None
         if decisions.rejected_flush_appends(self.outbox.has_steering, len(self.outbox)):
             while len(self.outbox) and not self.outbox.has_steering:
-                context, _ = self.outbox.take()
-                yield self._commit(ev.USER_MESSAGE, context, surface=True)
+                context, _ = self.outbox.front
+                try:
+                    durable = self._commit(ev.USER_MESSAGE, context, surface=True)
+                except Exception as error:              # P14: the context stays staged
+                    yield self._warn(f"staged context could not be written: "
+                                     f"{internal_error(error).message}")
+                    break
+                self.outbox.take()
+                yield durable
         tick = self._new_effect(TICK, FrozenDict({"purpose": "rejected-admission"}))
         yield tick
         yield from self._await(tick.id)
@@ -856,7 +947,12 @@ class AgentCore:
             self._settle = COMPLETED
             self._step = 0
             turn = self._turn
-            yield self._commit(ev.TURN_START, {"turn": turn, "trigger": trigger})  # R8.2
+            try:
+                started = self._commit(ev.TURN_START, {"turn": turn, "trigger": trigger})  # R8.2
+            except Exception as error:                            # P14: no turn at all
+                yield from self._not_started(error)
+                return
+            yield started
             try:
                 yield from self._drain(                           # R8.3.1
                     limit=decisions.inherited_take(inherited, len(self.outbox)))
@@ -866,12 +962,12 @@ class AgentCore:
                 yield from self._drain()                          # R8.3.4
                 yield from self._steps()                          # R8.4-R8.5
             except (_Aborted, _Failure) as failure:               # R8.6
-                if self.log.open_step is not None:
-                    yield self._commit(ev.STEP_END, {"turn": turn, "step": self._step})
-                yield from self._classify(failure)
+                yield from self._fail_turn(turn, failure)
+            except Exception as error:                            # P14: fails the turn
+                yield from self._fail_turn(turn, _Failure(internal_error(error)))
             self.window.fire("end_run")                           # R8.7
             self.lifecycle.fire("close")
-            yield self._commit(ev.TURN_END, {"turn": turn, "reason": self._reason})
+            yield from self._closing(ev.TURN_END, turn)
             self._owner = None
             self._ctrl = None
             self.lifecycle.fire("flush")                          # R12.4
@@ -890,6 +986,40 @@ class AgentCore:
                 continue
             yield Live(LiveEvent(ev.SETTLED, FrozenDict({"turn": turn, "reason": self._settle})))
             return
+
+    def _fail_turn(self, turn: int, failure: _Aborted | _Failure) -> _Proc:
+        """R8.6: close an open step, then classify the failure (R15)."""
+        if self.log.open_step is not None:
+            yield from self._closing(ev.STEP_END, turn)
+        yield from self._classify(failure)
+
+    def _closing(self, type_: str, turn: int) -> _Proc:
+        """P14: an append that closes the turn (its step/end or turn/end). If the log refuses
+        it, that refusal becomes the turn's failure (R15: agent/error, an error reason) and
+        the append is tried once more, with the new reason; a second refusal stops the core."""
+        try:
+            durable = self._commit(type_, self._closing_data(type_, turn))
+        except Exception as error:
+            yield from self._classify(_Failure(internal_error(error)))
+            durable = self._commit(type_, self._closing_data(type_, turn))
+        yield durable
+
+    def _closing_data(self, type_: str, turn: int) -> dict[str, Frozen]:
+        if type_ == ev.TURN_END:
+            return {"turn": turn, "reason": self._reason}
+        return {"turn": turn, "step": self._step}
+
+    def _not_started(self, error: Exception) -> _Proc:
+        """P14: the log refused the run's turn/start (a direct append left a turn open, say):
+        there is no turn; the run ends with a warning, its prompt and contexts unwritten, and
+        continue-or-idle follows (as after a rejected admission)."""
+        self.window.fire("end_run")
+        self.lifecycle.fire("close")
+        self.lifecycle.fire("flush")
+        self._owner = None
+        self._ctrl = None
+        self._pending_retry = False
+        yield self._warn(f"the turn could not start: {internal_error(error).message}")
 
     def _classify(self, failure: _Aborted | _Failure) -> Generator[Output | _Wait, _Mail | None, None]:
         """R15: set the durable reason and settle reason; report errors."""
@@ -1069,7 +1199,7 @@ class AgentCore:
             blocks = [b for b in blocks if b.get("type") != "tool-call"]
         provider, model_name = config["provider"], config["model"]
         seq = len(self.log)
-        message = Message(id=self._mint("assistant", seq), role="assistant",
+        message = Message(id=minted_id(self._mint, "assistant", seq), role="assistant",
                           content=FrozenList(blocks),
                           source=FrozenDict({"kind": "model", "provider": provider,
                                              "model": model_name}))
@@ -1146,9 +1276,10 @@ class AgentCore:
         took_steering = False
         taken = 0
         while len(self.outbox) and (limit is None or taken < limit):
-            message, steering = self.outbox.take()
+            message, steering = self.outbox.front
             taken += 1
             if steering:
+                self.outbox.take()
                 took_steering = True
                 yield Live(LiveEvent(ev.INBOX_DEQUEUE, FrozenDict({
                     "message": frozen_message(message), "placement": "steering"})))
@@ -1156,7 +1287,10 @@ class AgentCore:
                                                          "message": frozen_message(message)},
                                    surface=True)
             else:
-                yield self._commit(ev.USER_MESSAGE, message, surface=True)
+                # P14: taken once written, so a refused append leaves the context staged.
+                durable = self._commit(ev.USER_MESSAGE, message, surface=True)
+                self.outbox.take()
+                yield durable
         return took_steering
 
     # ------------------------------------------------------------------
@@ -1336,7 +1470,7 @@ class AgentCore:
             if result.is_error:
                 block["isError"] = True
             seq = len(self.log)
-            message = Message(id=self._mint("tool-result", seq), role="user",
+            message = Message(id=minted_id(self._mint, "tool-result", seq), role="user",
                               content=FrozenList((FrozenDict(block),)),
                               source=FrozenDict({"kind": "tool", "callId": call.call_id}))
             data: dict[str, Frozen] = {"turn": self._turn, "step": self._step,
@@ -1353,7 +1487,7 @@ class AgentCore:
 
     def _tool_result(self, call: _Call, error: FrozenDict, text: str) -> Durable:
         seq = len(self.log)
-        message = _text_message(self._mint("tool-result", seq), call.call_id, text)
+        message = _text_message(minted_id(self._mint, "tool-result", seq), call.call_id, text)
         return self._commit(ev.TOOL_RESULT, {"turn": self._turn, "step": self._step,
                                              "message": frozen_message(message), "error": error},
                             surface=True, sources=[call.call_seq])

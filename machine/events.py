@@ -22,6 +22,7 @@ from machine.jsonvalue import (
     compact_json,
     freeze,
     frozen_from_json,
+    plain_text,
     thaw,
 )
 
@@ -108,6 +109,8 @@ class Event:
     def __post_init__(self) -> None:
         if not isinstance(self.type, str) or not self.type:
             raise ValidationError("event.type", "must be a non-empty string")
+        if type(self.type) is not str or not self.type.isascii():   # V22
+            object.__setattr__(self, "type", plain_text(self.type, "event.type"))
         if type(self.seq) is not int or self.seq < 0:
             raise ValidationError("event.seq", "must be a non-negative integer")
         time = self.time
@@ -255,6 +258,8 @@ class LiveEvent:
     def __post_init__(self) -> None:
         if not isinstance(self.type, str) or not self.type:
             raise ValidationError("live.type", "must be a non-empty string")
+        if type(self.type) is not str or not self.type.isascii():   # V22
+            object.__setattr__(self, "type", plain_text(self.type, "live.type"))
         payload: Frozen = self.payload
         if type(payload) is not FrozenDict:  # Why: frozen by construction (see Event)
             payload = freeze(payload, "live.payload", max_depth=None)  # envelope (V1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -44,9 +45,11 @@ from machine.events import (
     surface_op_problem,
 )
 from machine.jsonvalue import (
+    ENVELOPE_DEPTH,
     Frozen,
     FrozenDict,
     FrozenList,
+    depth_of,
     freeze,
 )
 from machine.vocabulary import (
@@ -430,10 +433,25 @@ class SessionLog:
             message = checked[4]        # checked by `check` just before (see there)
         else:
             message = self._verdict(type, frozen_data, frozen_op, frozen_seqs)
-        event = checked_event(type, len(self._records), self._clock(), frozen_data, frozen_op,
-                              frozen_seqs)
+        event = checked_event(type, len(self._records), self._stamp(type), frozen_data,
+                              frozen_op, frozen_seqs)
         self._store(event, message)
         return event
+
+    def _stamp(self, type_: str) -> int | float:
+        """The clock's time for an event (L3): a failing clock refuses the append, typed."""
+        try:
+            now = self._clock()
+        except Exception as error:
+            _fail("L3", f"{type_}: the log's clock failed: "
+                  f"{ErrorInfo.from_exception(error).rendered()}")
+        kind = type(now)
+        if kind is int or (kind is float and math.isfinite(now)):
+            return now
+        if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
+            _fail("L3", f"{type_}: the log's clock returned {now!r}, not a finite number of "
+                  "epoch milliseconds")
+        return now
 
     def append(self, type: str, data: Mapping[str, object] | Message, *,
                surface_op: str | Mapping[str, object] | None = None,
@@ -519,7 +537,12 @@ class SessionLog:
     def _store(self, event: Event, message: Message | None) -> None:
         """Commit a checked event and advance the incremental state."""
         self._checked = None        # the state changes: an earlier check no longer holds
-        self._records.append(event_record(event))
+        try:
+            record = event_record(event)
+        except (RecursionError, MemoryError) as error:  # the data is bounded (V1): rare
+            _fail("L3", f"{event.type}: the event could not be encoded "
+                  f"({type(error).__name__}); nothing was appended")
+        self._records.append(record)
         data = event.data
         kind = event.type
         if kind not in _STATE_TYPES:  # Why: most events change none of the state below
@@ -602,9 +625,14 @@ class SessionLog:
             return check(self, data, op)
         # L10: extension types follow their registered rule, else anything goes.
         rule = self._rules.get(type_)
-        problem = rule(self, type_, data) if rule is not None else None
+        if rule is None:
+            return None
+        try:
+            problem = rule(self, type_, data)
+        except Exception as error:  # a caller's rule: its failure refuses the append, typed
+            _fail("L10", f"{type_}: its rule raised {ErrorInfo.from_exception(error).rendered()}")
         if problem:
-            _fail("L10", f"{type_}: {problem}")
+            _fail("L10", f"{type_}: {problem if isinstance(problem, str) else repr(problem)}")
         return None
 
     def _require_turn(self, type_: str) -> int:
@@ -803,13 +831,14 @@ def _message_mapping(message: Message) -> FrozenDict:
 def _freeze_envelope(data: Mapping[str, object] | Message, surface_op: object,
                      source_event_seqs: object) -> tuple[FrozenDict, Frozen, FrozenList | None]:
     """Snapshot the caller's data, surfaceOp and sourceEventSeqs (L3)."""
-    if type(data) is FrozenDict and surface_op is None and source_event_seqs is None:
+    if type(data) is FrozenDict and surface_op is None and source_event_seqs is None \
+            and 0 < depth_of(data) <= ENVELOPE_DEPTH:
         return data, None, None  # Why: the usual case, frozen already (as the general path)
     try:
         if isinstance(data, Message):
-            frozen_data: Frozen = _message_mapping(data)
+            frozen_data: Frozen = freeze(_message_mapping(data), "data", max_depth=None)
         elif isinstance(data, FrozenDict):
-            frozen_data = data
+            frozen_data = freeze(data, "data", max_depth=None)  # its depth: V1's envelope bound
         elif isinstance(data, Mapping):
             # Why no depth bound: event data wraps values bounded where they entered (V1).
             frozen_data = freeze({key: _message_mapping(value) if isinstance(value, Message)

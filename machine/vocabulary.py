@@ -15,7 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
 
 from machine.errors import ValidationError
-from machine.jsonvalue import Frozen, FrozenDict, FrozenList, JsonLike, freeze, thaw
+from machine.jsonvalue import (
+    Frozen,
+    FrozenDict,
+    FrozenList,
+    JsonLike,
+    freeze,
+    plain_text,
+    scrub_text,
+    thaw,
+)
 
 Role: TypeAlias = Literal["user", "assistant", "system"]
 ROLES: frozenset[str] = frozenset({"user", "assistant", "system"})
@@ -157,7 +166,20 @@ def block_problem(block: Frozen) -> str | None:
     if not isinstance(kind, str) or not kind:
         return "a content block needs a non-empty string 'type'"
     check = _CORE_BLOCKS.get(kind) or _block_checks.get(kind)
-    return check(block) if check else None
+    return _verdict_of(check, block, f"the check of block type {kind!r}") if check else None
+
+
+def _verdict_of(check: BlockCheck, value: FrozenDict, whose: str) -> str | None:
+    """What an extension's *check* says of *value*. A check that raises, or answers with
+    anything but None or a string, refuses the value (its failure is named): reading a
+    value never lets a caller's exception escape (V3, V4)."""
+    try:
+        problem = check(value)
+    except Exception as error:
+        return f"{whose} raised {ErrorInfo.from_exception(error).rendered()!r}"
+    if problem is None or type(problem) is str:
+        return scrub_text(problem) if problem else None
+    return f"{whose} answered {type(problem).__name__}, not a problem text or None"
 
 
 def _check_plugin(source: FrozenDict) -> str | None:
@@ -188,7 +210,7 @@ def source_problem(source: Frozen) -> str | None:
     if not isinstance(kind, str) or not kind:
         return "the source needs a non-empty string 'kind'"
     check = _CORE_SOURCES.get(kind) or _source_checks.get(kind)
-    return check(source) if check else None
+    return _verdict_of(check, source, f"the check of source kind {kind!r}") if check else None
 
 
 def freeze_content(value: JsonLike, path: str) -> FrozenList:
@@ -287,6 +309,7 @@ class Message:
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
             raise ValidationError("message.id", "must be a non-empty string")
+        object.__setattr__(self, "id", plain_text(self.id, "message.id"))   # V22
         if not isinstance(self.role, str) or self.role not in ROLES:
             raise ValidationError("message.role",
                                   f"{self.role!r} is not one of user, assistant, system")
@@ -522,6 +545,11 @@ class LlmFailure:
             raise ValidationError("failure.providerRetryAfterMs", "must be a finite number")
         if self.request_id is not None and not isinstance(self.request_id, str):
             raise ValidationError("failure.requestId", "must be a string")
+        for name, attribute in (("message", "message"), ("code", "code"),
+                                ("requestId", "request_id")):
+            text = getattr(self, attribute)
+            if text is not None:                                          # V22
+                object.__setattr__(self, attribute, plain_text(text, f"failure.{name}"))
 
     def with_message(self, message: str) -> LlmFailure:
         return LlmFailure(message, self.code, self.status, self.provider_retry_after_ms,
@@ -551,8 +579,10 @@ class LlmFailure:
 
 
 def _message_of(exc: BaseException) -> str:
+    """An exception's own message, lone surrogates replaced (V22: an exception's text, say
+    an OSError's file name, is described, not refused)."""
     try:
-        return str(exc)
+        return scrub_text(str(exc))
     except Exception:  # a broken __str__ must not break the classification of a failure
         return ""
 
@@ -586,6 +616,12 @@ class ErrorInfo:
             raise ValidationError("error.causes", "must be a list of strings")
         if self.failure is not None and not isinstance(self.failure, LlmFailure):
             raise ValidationError("error.failure", "must be an LlmFailure")
+        object.__setattr__(self, "message", plain_text(self.message, "error.message"))  # V22
+        object.__setattr__(self, "name", plain_text(self.name, "error.name"))
+        if self.code is not None:
+            object.__setattr__(self, "code", plain_text(self.code, "error.code"))
+        object.__setattr__(self, "causes", tuple(
+            plain_text(cause, f"error.causes[{i}]") for i, cause in enumerate(causes)))
 
     def rendered(self) -> str:
         """The rendered text (reference §0.9): the own message (the class name if it is
@@ -605,8 +641,9 @@ class ErrorInfo:
             cur = cur.__cause__
         code = getattr(exc, "code", None)
         failure = getattr(exc, "failure", None)
-        return cls(message=_message_of(exc), name=type(exc).__name__,
-                   code=code if isinstance(code, str) else None, causes=tuple(causes),
+        return cls(message=_message_of(exc), name=scrub_text(type(exc).__name__) or "Error",
+                   code=scrub_text(code) if isinstance(code, str) else None,
+                   causes=tuple(causes),
                    failure=failure if isinstance(failure, LlmFailure) else None)
 
     def to_json(self) -> dict[str, JsonLike]:
@@ -636,6 +673,32 @@ class ErrorInfo:
                        else LlmFailure.from_json(failure, "error.failure"))
         except ValidationError as exc:
             raise _rebase(exc, "error", path) from None
+
+
+def minted_id(mint: Callable[[str, int], str], kind: str, seq: int) -> str:
+    """P12: the id *mint* gives the message that the event at *seq* records. It must be a
+    non-empty string (V22 applies); anything else, or a mint that raises, is an internal
+    failure of the loop (P14): this raises a `ValidationError` naming ``mint_id``."""
+    minted = mint(kind, seq)
+    if type(minted) is not str and not isinstance(minted, str):
+        raise ValidationError("mint_id", f"returned a {type(minted).__name__}, not a "
+                              "non-empty string")
+    if not minted:
+        raise ValidationError("mint_id", "returned an empty string")
+    return plain_text(minted, "mint_id")
+
+
+#: The code of an internal failure of the loop (rule P14).
+INTERNAL_ERROR: Final = "INTERNAL_ERROR"
+
+
+def internal_error(error: BaseException) -> ErrorInfo:
+    """P14: the error an internal failure of the loop is reported with: name
+    ``InternalError``, code ``INTERNAL_ERROR``, and a message naming what failed."""
+    described = ErrorInfo.from_exception(error)
+    detail = described.rendered() if described.message or described.causes else ""
+    return ErrorInfo(f"internal failure: {described.name}" + (f": {detail}" if detail else ""),
+                     "InternalError", INTERNAL_ERROR)
 
 
 # --------------------------------------------------------------------------
@@ -749,6 +812,7 @@ class Block:
     def __post_init__(self) -> None:
         if not isinstance(self.reason, str):
             raise ValidationError("decision.reason", "must be a string")
+        object.__setattr__(self, "reason", plain_text(self.reason, "decision.reason"))  # V22
 
     def to_json(self) -> dict[str, JsonLike]:
         return {"kind": "block", "reason": self.reason}
@@ -941,6 +1005,9 @@ class TurnEndReason:
                                   "an error reason needs a failure or a string message")
         if self.code is not None and not isinstance(self.code, str):
             raise ValidationError("reason.code", "must be a string")
+        object.__setattr__(self, "message", plain_text(self.message, "reason.message"))  # V22
+        if self.code is not None:
+            object.__setattr__(self, "code", plain_text(self.code, "reason.code"))
 
     @classmethod
     def request_failure(cls, step: int, failure: LlmFailure) -> TurnEndReason:
