@@ -84,7 +84,16 @@ from machine.io import (
     Resolve,
     Send,
 )
-from machine.jsonvalue import Frozen, FrozenDict, FrozenList, JsonLike, freeze, same_json, snapshot
+from machine.jsonvalue import (
+    Frozen,
+    FrozenDict,
+    FrozenList,
+    JsonLike,
+    freeze,
+    same_json,
+    shown,
+    snapshot,
+)
 from machine.log import SessionLog
 from machine.machines import Inbox, Lifecycle, Outbox, Window
 from machine.vocabulary import (
@@ -433,27 +442,28 @@ class AgentCore:
     # ------------------------------------------------------------------
 
     def send(self, message: JsonLike, options: JsonLike) -> None:
-        """R5: validate (options first, then the message), snapshot, route."""
+        """R5: validate (options first, then the message), snapshot, route. (Each argument is
+        taken first, V6, so validating it runs none of the caller's code.)"""
         self._check_live()
-        opts = SendOptions.from_json(options)
-        self._route(validate_user_message(message), opts)
+        opts = SendOptions.from_json(snapshot(options))
+        self._route(validate_user_message(snapshot(message)), opts)
 
     def followup(self, message: JsonLike) -> None:
         self._check_live()
-        self._route(validate_user_message(message), FOLLOWUP)
+        self._route(validate_user_message(snapshot(message)), FOLLOWUP)
 
     def steer(self, message: JsonLike) -> None:
         self._check_live()
-        self._route(validate_user_message(message), STEER)
+        self._route(validate_user_message(snapshot(message)), STEER)
 
     def inject(self, message: JsonLike) -> None:
         self._check_live()
-        self._route(validate_user_message(message), INJECT)
+        self._route(validate_user_message(snapshot(message)), INJECT)
 
     def cancel(self, cause: JsonLike, keep_inbox: bool = False) -> None:
         """R16: cancel the current activity and (unless *keep_inbox*) what is pending."""
         self._check_live()
-        parsed = CancelCause.from_json(cause)
+        parsed = CancelCause.from_json(snapshot(cause))
         if not isinstance(keep_inbox, bool):
             raise ValidationError("keepInbox", "must be a bool")
         self._cancel(parsed, keep_inbox)
@@ -469,13 +479,19 @@ class AgentCore:
                source_event_seqs: Sequence[int] | None = None) -> Event:
         """A direct append by extension code (R20.2): checked, committed, delivered in order."""
         self._check_live()
+        if not isinstance(type, str):           # the log refuses it, typed (L3)
+            return self._emit_appended(self._command_commit(type, data, surface_op=surface_op,
+                                                            source_event_seqs=source_event_seqs))
+        type = str.__str__(type)                # a str subclass runs no code of its own here
         if type in LOOP_TYPES and self.lifecycle.busy:          # R20.4
             self.log.check(type, data, surface_op=surface_op,    # the log's own verdict first
                            source_event_seqs=source_event_seqs)
             raise InvariantError("R20.4", f"{type} is written by the loop itself: a direct "
                                  "append of it is refused while the agent is busy")
-        event = self._command_commit(type, data, surface_op=surface_op,
-                                     source_event_seqs=source_event_seqs)
+        return self._emit_appended(self._command_commit(type, data, surface_op=surface_op,
+                                                        source_event_seqs=source_event_seqs))
+
+    def _emit_appended(self, event: Event) -> Event:
         self._emit(Durable(event))
         return event
 
@@ -608,7 +624,7 @@ class AgentCore:
 
     def _complete(self, effect: int, kind: str, value: JsonLike) -> None:
         if type(effect) is not int:
-            raise ProtocolError(f"effect id must be an integer, not {effect!r}")
+            raise ProtocolError(f"effect id must be an integer, not {shown(effect)}")
         record = self._effects.get(effect)
         if record is None:
             if effect in self._abandoned:                       # P14: accepted, dropped
@@ -628,7 +644,7 @@ class AgentCore:
         if kind == "resolve" and record.kind == MODEL:
             raise ProtocolError(f"effect {effect} is a model stream: complete it with chunk, "
                                 "end or raise")
-        if kind != "raise":
+        if kind != "raise" and value is not None:
             value = snapshot(value)     # V6, P6: the value as it is at the call
         if kind != "chunk":
             del self._effects[effect]
@@ -638,9 +654,7 @@ class AgentCore:
     def feed(self, item: Input) -> None:
         """Apply one input value (rule P9)."""
         if isinstance(item, Send):
-            self._check_live()
-            options = SendOptions.from_json(item.options)
-            self._route(validate_user_message(item.message), options)
+            self.send(item.message, item.options)
         elif isinstance(item, Cancel):
             self.cancel(item.cause, item.keep_inbox)
         elif isinstance(item, Dispose):

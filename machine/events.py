@@ -22,6 +22,7 @@ from machine.jsonvalue import (
     compact_json,
     freeze,
     frozen_from_json,
+    immutable_value,
     plain_text,
     thaw,
 )
@@ -89,6 +90,7 @@ def _rebase_codec(exc: ValidationError, default: str, path: str) -> CodecError:
     return CodecError(where, exc.problem)
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class Event:
     """One committed durable session event (rule E1). Immutable.
@@ -244,6 +246,7 @@ def event_from_record(record: EventRecord) -> Event:
     return Event(type_, seq, time, data, op, None if seqs is None else FrozenList._adopt(seqs))
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class LiveEvent:
     """A live, non-durable notification (rule E3): a type and a payload mapping.

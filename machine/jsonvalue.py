@@ -274,7 +274,7 @@ class FrozenDict(Mapping[str, "Frozen"]):
             for key, item in data.items():
                 if type(key) is not str:
                     if not isinstance(key, str):
-                        raise NotJsonCompatibleError("value", f"key {_shown(key)} is not a string")
+                        raise NotJsonCompatibleError("value", f"key {shown(key)} is not a string")
                     key = str.__str__(key)
                 if not _text_ok(key):
                     raise NotJsonCompatibleError("value", f"key {key!r}: "
@@ -471,13 +471,16 @@ def _freeze(value: JsonLike, path: str, active: set[int], limit: int = MAX_DEPTH
         return _freeze_list(value, path, active, limit)
     if issubclass(kind, dict):
         return _freeze_dict(value, path, active, limit)
+    if kind is Foreign:
+        raise NotJsonCompatibleError(path, value.problem())
     if kind is Unreadable:
         raise NotJsonCompatibleError(path, f"the value could not be read ({value.problem})")
     raise NotJsonCompatibleError(path, f"a {kind.__name__} is not JSON-compatible")
 
 
-def _shown(value: object) -> str:
-    """repr(value) for a message, or its type when its repr raises (a caller's object)."""
+def shown(value: object) -> str:
+    """repr(value) for an error message, or its type when its repr raises (a caller's
+    object may do anything); never raises."""
     try:
         return repr(value)
     except Exception:
@@ -533,7 +536,7 @@ def _freeze_dict(value: dict[Any, Any], path: str, active: set[int], limit: int)
         for k, v in dict.items(value):
             if type(k) is not str:
                 if not issubclass(type(k), str):
-                    raise NotJsonCompatibleError(path, f"key {_shown(k)} is not a string")
+                    raise NotJsonCompatibleError(path, f"key {shown(k)} is not a string")
                 k = str.__str__(k)
             if not (k.isascii() or _text_ok(k)):
                 raise NotJsonCompatibleError(path, f"key {k!r}: {_surrogate_problem(k)}")
@@ -679,9 +682,22 @@ def is_mapping(value: Frozen) -> bool:
 # Snapshots of values whose validation comes later (rule V6)
 # --------------------------------------------------------------------------
 
-#: How deep `snapshot` copies a value that is not JSON-compatible: below this nothing a
-#: later validation looks at can change its verdict (it refuses the value as too deep).
-_SNAPSHOT_DEPTH: Final = _DEPTH_CAP + 1
+#: The class attribute that marks an immutable value class of the library (a `Message`, an
+#: `ErrorInfo`, ...): `snapshot` keeps its instances as they are.
+IMMUTABLE_MARK: Final = "__turnstile_immutable__"
+
+
+def immutable_value(cls: type[_T]) -> type[_T]:
+    """Mark *cls* as an immutable value class (see `snapshot`) and make it final: a subclass
+    could override what a frozen value promises, so defining one raises `TypeError`."""
+    setattr(cls, IMMUTABLE_MARK, True)
+    name = cls.__name__
+
+    def refuse(_cls: type, /, **_kwargs: object) -> NoReturn:
+        raise TypeError(f"{name} cannot be subclassed (its values are immutable snapshots)")
+
+    cls.__init_subclass__ = classmethod(refuse)  # type: ignore[assignment]
+    return cls
 
 
 class Unreadable:
@@ -697,16 +713,48 @@ class Unreadable:
         return f"<unreadable value: {self.problem}>"
 
 
-def snapshot(value: JsonLike) -> JsonLike:
-    """A copy of *value* as it is now, detached from the caller's objects (rule V6).
+class Foreign:
+    """Stands, in a `snapshot`, for a caller's object that is not a JSON value (an int
+    subclass, a set, bytes, any object): it keeps the object's type name and its repr as
+    they were, and runs none of its code, so validating the snapshot refuses it with the
+    words the object itself would have got."""
 
-    A JSON-compatible value (within `MAX_DEPTH`) comes back frozen. Any other value comes
-    back as a structural copy: dicts, lists and tuples are copied (cycles kept, as cycles),
-    everything else is kept as it is; so a later validation reaches exactly the verdict,
-    and words exactly the problem, that it would have reached on the value at the time of
-    the call, whatever the caller changes afterwards. A value that raises while it is read
-    becomes an `Unreadable`.
+    __slots__ = ("number", "text", "type_name")
+
+    def __init__(self, value: object) -> None:
+        kind = type(value)
+        self.type_name = kind.__name__
+        self.number = issubclass(kind, (int, float)) and not issubclass(kind, bool)
+        self.text = shown(value)
+
+    def problem(self) -> str:
+        if self.number:
+            return f"{self.type_name} is not a JSON number"
+        return f"a {self.type_name} is not JSON-compatible"
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def snapshot(value: JsonLike) -> JsonLike:
+    """A copy of *value* as it is now, detached from the caller's objects (rule V6), which a
+    validation can read without running any of the caller's code.
+
+    A JSON-compatible value (within `MAX_DEPTH`) comes back frozen, and an instance of an
+    immutable library class (`immutable_value`) as it is. Any other value comes back as a
+    structural copy: dicts, lists and tuples are copied (cycles kept, as cycles; subclasses
+    read through the base type's own methods and copied as the base type), a `FrozenList`
+    built around mutable items is copied as a `FrozenList`, a str subclass becomes a plain
+    str, immutable library values and JSON scalars stay, and every other object becomes a
+    `Foreign` stand-in. So a later validation reaches exactly the verdict, and words the
+    problem as, it would have reached on the value at the time of the call, whatever the
+    caller changes afterwards. A value that raises while it is read becomes `Unreadable`.
     """
+    kind = type(value)
+    if value is None or kind is int or kind is bool:   # Why: the usual completion value
+        return value
+    if getattr(kind, IMMUTABLE_MARK, False):
+        return value
     try:
         return freeze(value)
     except NotJsonCompatibleError:
@@ -727,24 +775,38 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
+#: How deep `snapshot` copies a value that is not JSON-compatible: below this nothing a
+#: later validation looks at can change its verdict (it refuses the value as too deep).
+_SNAPSHOT_DEPTH: Final = _DEPTH_CAP + 1
+_SCALAR_LEAVES: Final = frozenset({int, bool, float, str, type(None)})
+
+
 def _structural_copy(root: JsonLike) -> JsonLike:
-    """A copy of the dicts, lists and tuples of *root*, down to `_SNAPSHOT_DEPTH` levels
-    (iterative for dicts and lists; tuples are built once their items are copied)."""
+    """The copy `snapshot` makes of a value that is not JSON-compatible (iterative for
+    dicts and lists; tuples are built once their items are copied)."""
     copies: dict[int, Any] = {}
     keep: list[Any] = []          # the originals, so that their ids stay theirs meanwhile
     pending: list[tuple[Any, Any, int]] = []
 
     def copy_of(item: Any, level: int) -> Any:
         kind = type(item)
-        if not issubclass(kind, (dict, list, tuple)) or kind is FrozenList or \
-                level > _SNAPSHOT_DEPTH:
+        if kind in _SCALAR_LEAVES or kind is FrozenDict or getattr(kind, IMMUTABLE_MARK, False):
             return item
+        if issubclass(kind, str):
+            return str.__str__(item)
+        if kind is FrozenList and _list_depth(item) >= 0:
+            return item
+        if not issubclass(kind, (dict, list, tuple)):
+            return Foreign(item)
+        if level > _SNAPSHOT_DEPTH:
+            return Foreign(item)
         known = copies.get(id(item))
         if known is not None:
             return known
         keep.append(item)
         if issubclass(kind, tuple):
-            made_tuple = tuple(copy_of(inner, level + 1) for inner in tuple.__iter__(item))
+            items = [copy_of(inner, level + 1) for inner in tuple.__iter__(item)]
+            made_tuple = tuple.__new__(FrozenList, items) if kind is FrozenList else tuple(items)
             copies[id(item)] = made_tuple
             return made_tuple
         made: dict[Any, Any] | list[Any] = {} if issubclass(kind, dict) else []
@@ -757,7 +819,8 @@ def _structural_copy(root: JsonLike) -> JsonLike:
         original, made, level = pending.pop()
         if isinstance(made, dict):
             for key, inner in dict.items(original):
-                made[key] = copy_of(inner, level + 1)
+                made[copy_of(key, level + 1) if type(key) is not str else key] = \
+                    copy_of(inner, level + 1)
         else:
             made.extend([copy_of(inner, level + 1) for inner in list.__iter__(original)])
     return result

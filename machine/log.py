@@ -51,6 +51,8 @@ from machine.jsonvalue import (
     FrozenList,
     depth_of,
     freeze,
+    plain_text,
+    snapshot,
 )
 from machine.vocabulary import (
     ErrorInfo,
@@ -406,6 +408,7 @@ class SessionLog:
               surface_op: str | Mapping[str, object] | None = None,
               source_event_seqs: Sequence[int] | None = None) -> None:
         """Raise `InvariantError` if this append would break an invariant (L2). Pure."""
+        type = _event_type(type)
         frozen_data, frozen_op, frozen_seqs = _freeze_envelope(data, surface_op, source_event_seqs)
         message = self._verdict(type, frozen_data, frozen_op, frozen_seqs)
         # Why (performance): a store checks each append before writing it and commits the
@@ -425,6 +428,7 @@ class SessionLog:
         A `Message` may stand for a message mapping (as *data* itself or as a
         top-level value of it).
         """
+        type = _event_type(type)
         frozen_data, frozen_op, frozen_seqs = _freeze_envelope(data, surface_op, source_event_seqs)
         checked, self._checked = self._checked, None
         if (checked is not None and checked[0] == type and checked[1] is frozen_data
@@ -518,6 +522,11 @@ class SessionLog:
                                        ErrorInfo.from_exception(error).rendered())
         finally:
             self._delivering = False
+
+    def replay(self, event: Event) -> None:
+        """Check and store an already stamped event, as a seed is (L14): `InvariantError`
+        if it may not come next. (For readers that replay stored events one at a time.)"""
+        self._replay(event)
 
     def _replay(self, event: Event) -> None:
         """Check and store an already stamped event (seeds and validators, L14)."""
@@ -828,12 +837,32 @@ def _message_mapping(message: Message) -> FrozenDict:
     return message_mapping(message)
 
 
+def _event_type(type_: object) -> str:
+    """L3, V22: the event type as a plain non-empty str without lone surrogates."""
+    if type(type_) is not str:
+        if not isinstance(type_, str):
+            _fail("L3", "the event type must be a non-empty string")
+        type_ = str.__str__(type_)
+    if not type_:
+        _fail("L3", "the event type must be a non-empty string")
+    if not type_.isascii():
+        try:
+            plain_text(type_, "type")
+        except ValidationError as error:
+            _fail("L3", f"the event type {type_!r}: {error.problem}")
+    return type_
+
+
 def _freeze_envelope(data: Mapping[str, object] | Message, surface_op: object,
                      source_event_seqs: object) -> tuple[FrozenDict, Frozen, FrozenList | None]:
-    """Snapshot the caller's data, surfaceOp and sourceEventSeqs (L3)."""
+    """Snapshot the caller's data, surfaceOp and sourceEventSeqs (L3). Each is taken first
+    (V6), so reading it runs none of the caller's code."""
     if type(data) is FrozenDict and surface_op is None and source_event_seqs is None \
             and 0 < depth_of(data) <= ENVELOPE_DEPTH:
         return data, None, None  # Why: the usual case, frozen already (as the general path)
+    if not isinstance(data, Message):
+        data = snapshot(data)
+    surface_op, source_event_seqs = snapshot(surface_op), snapshot(source_event_seqs)
     try:
         if isinstance(data, Message):
             frozen_data: Frozen = freeze(_message_mapping(data), "data", max_depth=None)

@@ -21,6 +21,7 @@ from machine.jsonvalue import (
     FrozenList,
     JsonLike,
     freeze,
+    immutable_value,
     plain_text,
     scrub_text,
     thaw,
@@ -293,6 +294,7 @@ def custom_source(kind: str, **fields: JsonLike) -> FrozenDict:
 # --------------------------------------------------------------------------
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class Message:
     """An immutable message ``{id, role, content, source}`` (rule V5).
@@ -443,6 +445,7 @@ SESSION_START_SOURCES: frozenset[str] = frozenset({"startup", "resume", "clear",
 CauseKind: TypeAlias = Literal["user", "parent", "disposed"]
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class SendOptions:
     """``{target, wakeup}``; both required, nothing else (rule V10)."""
@@ -476,6 +479,7 @@ STEER = SendOptions("next-step", True)
 INJECT = SendOptions("next-step", False)
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class CancelCause:
     """``{kind}`` with kind user, parent or disposed (rule V11)."""
@@ -523,6 +527,7 @@ def _is_finite_number(value: object) -> bool:
     return math.isfinite(value)
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class LlmFailure:
     """Model failure facts ``{message, code, status?, providerRetryAfterMs?, requestId?}`` (V14)."""
@@ -587,6 +592,7 @@ def _message_of(exc: BaseException) -> str:
         return ""
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class ErrorInfo:
     """An exception described as data (rule V15): what the environment raised.
@@ -706,6 +712,7 @@ def internal_error(error: BaseException) -> ErrorInfo:
 # --------------------------------------------------------------------------
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class ToolResult:
     """What a tool stage supplies (rule V16); validated when supplied.
@@ -776,6 +783,7 @@ class ToolResult:
             raise _rebase(exc, "result", path, INVALID_TOOL_RESULT) from None
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class Allow:
     """``{kind:'allow', content?, additionalContexts?}`` (rule V17)."""
@@ -803,6 +811,7 @@ class Allow:
         return out
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class Block:
     """``{kind:'block', reason}`` (rule V17)."""
@@ -865,6 +874,12 @@ def validate_chunk(value: JsonLike, path: str = "chunk") -> FrozenDict:
     # (held here, so its identity cannot be reused) is accepted again without a second pass.
     if value is _last_chunk and value is not None:
         return value
+    if type(value) is FrozenDict and len(value) == 2 and type(value.get("text")) is str \
+            and value.get("type") == "text":
+        # Why: the usual chunk, as the core's snapshot of it (P6) hands it over: a frozen
+        # {type: 'text', text} needs no check beyond these.
+        _last_chunk = value
+        return value
     if type(value) is dict and len(value) == 2 and type(value.get("text")) is str \
             and value.get("type") == "text" and type(value["type"]) is str:
         # Why: the usual chunk of a stream, {type: 'text', text}, whose two exact strings
@@ -911,6 +926,7 @@ TriggerKind: TypeAlias = Literal["message", "retry", "injection"]
 TRIGGER_KINDS: frozenset[str] = frozenset({"message", "retry", "injection"})
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class TurnTrigger:
     """Why a turn opened (rule V13): ``{kind:'message', source}``, ``{kind:'retry'}`` or
@@ -965,6 +981,7 @@ TURN_END_KINDS: frozenset[str] = frozenset({"completed", "aborted", "error", "di
                                             "max-tokens", "interrupted"})
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class TurnEndReason:
     """The durable reason of ``turn/end`` (rule V19).
@@ -1065,6 +1082,7 @@ SettleKind: TypeAlias = Literal["completed", "aborted", "error"]
 SETTLE_KINDS: frozenset[str] = frozenset({"completed", "aborted", "error"})
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class SettleReason:
     """How a chain settled (rule V20): ``{kind:'completed'}``, ``{kind:'aborted'}`` or

@@ -101,6 +101,7 @@ from machine.jsonvalue import (
     JsonLike,
     canonical_json,
     freeze,
+    shown,
     snapshot,
     thaw,
 )
@@ -616,7 +617,7 @@ class ModelAgent:
         """P10: the effect must have been requested and not be completed or released."""
         record = self._effects.get(effect) if type(effect) is int else None
         if record is None:
-            raise ProtocolError(f"effect {effect!r} was never requested")
+            raise ProtocolError(f"effect {shown(effect)} was never requested")
         if record.abandoned:
             return record
         if record.done:
@@ -712,8 +713,8 @@ class ModelAgent:
         §6.1), announce (§5.5). P7: input accepted while a cancel-requested is the last
         output pulled is moved into that cancel's pending reports."""
         self._check_not_disposed()
-        opts = SendOptions.from_json(options)
-        msg = validate_user_message(message)
+        opts = SendOptions.from_json(snapshot(options))  # V6: the arguments are taken first
+        msg = validate_user_message(snapshot(message))
         if opts.target == "next-step" and not opts.wakeup:  # inject (§5.2)
             if self._window:
                 self._outbox.append(_Staged(msg, steering=False))
@@ -762,7 +763,7 @@ class ModelAgent:
     def cancel(self, cause: JsonLike, keep_inbox: bool = False) -> None:
         """§16, §1.10: validate the cause ({kind:'user'} or {kind:'parent'}), then cancel."""
         self._check_not_disposed()
-        parsed = CancelCause.from_json(cause)
+        parsed = CancelCause.from_json(snapshot(cause))
         if not isinstance(keep_inbox, bool):
             raise ValidationError("keepInbox", "must be a bool")
         self._cancel(parsed, keep_inbox)
@@ -831,8 +832,11 @@ class ModelAgent:
                source_event_seqs: Sequence[int] | None = None) -> Event:
         """P3: a direct append by extension code, checked before commit (§20.2, D7)."""
         self._check_not_disposed()
-        if self._busy and type in (TURN_START, TURN_END, STEP_START, STEP_END, ASSISTANT_CHUNK,
-                                   ASSISTANT_MESSAGE, TOOL_CALL, TOOL_RESULT):
+        if isinstance(type, str):
+            type = str.__str__(type)
+        if self._busy and isinstance(type, str) and type in (
+                TURN_START, TURN_END, STEP_START, STEP_END, ASSISTANT_CHUNK, ASSISTANT_MESSAGE,
+                TOOL_CALL, TOOL_RESULT):
             # R20.4: while busy, the loop alone writes the records of its turns; a refusal
             # of the log's own comes first.
             self.log.check(type, data, surface_op=surface_op, source_event_seqs=source_event_seqs)
