@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, TextIO
 
-from machine import diagrams, runner
+from machine import argtypes, diagrams, runner
 from machine.conformance import cli as conformance_cli
 from machine.errors import ValidationError
 from machine.events import TURN_END, TURN_START, Event
@@ -257,14 +257,14 @@ def _run_run(args: argparse.Namespace) -> int:
 def _configure_explore(parser: argparse.ArgumentParser) -> None:
     from machine.explore import COMMANDS as EXPLORE_COMMANDS
     from machine.explore import DEFAULT_COMMANDS
-    parser.add_argument("--depth", type=int, default=6,
+    parser.add_argument("--depth", type=argtypes.count, default=6,
                         help="how many decisions (commands and effect answers) per path")
     parser.add_argument("--commands", default=",".join(DEFAULT_COMMANDS),
                         help=f"comma-separated commands to explore (known: "
                              f"{', '.join(sorted(EXPLORE_COMMANDS))}; 'all' for every one)")
     parser.add_argument("--model", action="store_true",
                         help="also run the reference model and require identical outputs")
-    parser.add_argument("--seconds", type=float, default=None,
+    parser.add_argument("--seconds", type=argtypes.seconds, default=None,
                         help="stop after this many seconds (reported as a budget stop)")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
 

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Final, TextIO
 
+from machine import argtypes
 from machine.conformance import adapter as adapter_module
 from machine.conformance.checker import (
     Outcome,
@@ -73,8 +74,10 @@ def configure_check(parser: argparse.ArgumentParser) -> None:
                         help="vector files or directories (default: the shipped corpus)")
     parser.add_argument("--port", metavar="COMMAND",
                         help="run the vectors against the adapter started by COMMAND")
-    parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
-                        help="how long to wait for each adapter reply (default 10)")
+    parser.add_argument("--timeout", type=argtypes.seconds, default=10.0, metavar="SECONDS",
+                        help="how long to wait for each adapter reply (default 10; the "
+                             "handshake, which includes the port's start-up, waits at "
+                             "least 30)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="also list passed and skipped vectors")
 

@@ -10,18 +10,22 @@ Bugs:
   the original implementation's behaviour that D6 changed; declare ``--deviate D6``
   to have the vectors tagged D6 skipped;
 * ``garbage`` — answers the first pull with a line that is not JSON;
-* ``hang`` — never answers the first pull.
+* ``hang`` — never answers the first pull;
+* ``exit`` — exits at the first pull without answering;
+* ``huge-line`` — answers the first pull with one line of 300 MB;
+* ``endless`` — answers the first pull with lines that never end.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
 from machine.conformance.examples.minimal_port import Port
 
-BUGS = ("idle-steer", "no-context-discard", "garbage", "hang")
+BUGS = ("idle-steer", "no-context-discard", "garbage", "hang", "exit", "huge-line", "endless")
 
 
 class WrongPort(Port):
@@ -45,6 +49,17 @@ class WrongPort(Port):
         self.pulls += 1
         if self.bug == "hang" and self.pulls == 1:
             time.sleep(3600)
+        if self.pulls == 1 and self.bug in ("exit", "huge-line", "endless"):
+            out = sys.stdout.buffer
+            if self.bug == "huge-line":
+                piece = b"x" * (1 << 20)
+                for _ in range(300):           # 300 MB, written while the checker reads
+                    out.write(piece)
+                out.write(b"\n")
+            while self.bug == "endless":
+                out.write(b"more output nobody asked for\n" * 1000)
+            out.flush()
+            raise SystemExit(3)
         kept: list[dict[str, Any]] = []
         for reply in super().pull(request):
             output = reply.get("output", {})
