@@ -25,6 +25,7 @@ from machine.store.errors import (
     SessionNotOpenError,
     StoreClosedError,
     StoreError,
+    StoreReadError,
     StoreWriteError,
     UnsupportedFormatError,
 )
@@ -46,8 +47,8 @@ __all__ = [
     "COMPACT_SOURCE", "BaseStore", "CompactionError", "Damage", "DamageError", "Inspection",
     "JsonlStore", "LiveTurnOpenError", "LoadMode", "LoadReport", "LoadResult", "OpenTurnError",
     "SessionExistsError", "SessionInfo", "SessionNotFoundError", "SessionNotOpenError",
-    "SessionStore", "SqliteStore", "StoreClosedError", "StoreError", "StoreSink",
-    "StoreWriteError", "SurfaceNode", "UnsupportedFormatError", "checkpoint_message",
+    "SessionStore", "SqliteStore", "StoreClosedError", "StoreError", "StoreReadError",
+    "StoreSink", "StoreWriteError", "SurfaceNode", "UnsupportedFormatError", "checkpoint_message",
     "choose_compaction_range", "closers", "compact", "compaction_problem", "resume_core",
     "resume_from", "scan", "surface_nodes",
 ]
