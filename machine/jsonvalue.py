@@ -88,10 +88,11 @@ def scrub_text(text: str) -> str:
     return "".join("\ufffd" if "\ud800" <= char <= "\udfff" else char for char in text)
 
 
-def _children_depth(values: Iterable[Any]) -> int:
+def _children_depth(values: Iterable[Any], *, nested_lists: bool = True) -> int:
     """The depth of the deepest container among *values* (0 if none), or -1 if one of them
     is not a frozen value (a mutable or non-JSON value, a non-finite float, a string with a
-    lone surrogate, a FrozenList holding any of those, a FrozenDict never built)."""
+    lone surrogate, a FrozenList holding any of those, a FrozenDict never built). Without
+    *nested_lists*, -2 as soon as one of them is a FrozenList (see `_list_depth`)."""
     deepest = 0
     scalars = _SCALARS
     try:
@@ -105,10 +106,16 @@ def _children_depth(values: Iterable[Any]) -> int:
                 continue
             if kind is FrozenDict:
                 depth = item._depth
-            else:
-                depth = _other_depth(item, kind)
+            elif kind is FrozenList:
+                if not nested_lists:
+                    return -2
+                depth = _list_depth(item)
                 if depth < 0:
                     return -1
+            elif kind is float and -_INF < item < _INF:
+                continue
+            else:
+                return -1
             if depth > deepest:
                 deepest = depth
     except AttributeError:  # a FrozenDict made by object.__new__, never built
@@ -116,44 +123,13 @@ def _children_depth(values: Iterable[Any]) -> int:
     return deepest
 
 
-def _other_depth(item: Any, kind: type) -> int:
-    """`_children_depth` of one item that is neither a str, an exact scalar type nor a
-    FrozenDict: a FrozenList's depth, 0 for a finite float, -1 for anything else."""
-    if kind is FrozenList:
-        return _list_depth(item)
-    if kind is float and -_INF < item < _INF:
-        return 0
-    return -1
-
-
 def _items_depth(data: dict[Any, Any]) -> int:
     """`_children_depth` of a plain dict's values, or -1 if a key is not an exact str free
-    of lone surrogates. (One pass over the pairs: this runs for every payload the core
-    builds.)"""
-    deepest = 0
-    scalars = _SCALARS
-    try:
-        for key, item in data.items():
-            if type(key) is not str or not (key.isascii() or _text_ok(key)):
-                return -1
-            kind = type(item)
-            if kind is str:
-                if item.isascii() or _text_ok(item):
-                    continue
-                return -1
-            if kind in scalars:
-                continue
-            if kind is FrozenDict:
-                depth = item._depth
-            else:
-                depth = _other_depth(item, kind)
-                if depth < 0:
-                    return -1
-            if depth > deepest:
-                deepest = depth
-    except AttributeError:  # a FrozenDict never built
-        return -1
-    return deepest
+    of lone surrogates."""
+    for key in data:
+        if type(key) is not str or not (key.isascii() or _text_ok(key)):
+            return -1
+    return _children_depth(data.values())
 
 
 def _list_depth(root: FrozenList) -> int:
@@ -161,11 +137,12 @@ def _list_depth(root: FrozenList) -> int:
     if it holds anything but frozen values. Iterative: any nesting costs no Python stack."""
     # Why a first pass without the stack: most arrays (message content, tool lists) hold
     # objects and scalars only, whose depths are known at once.
-    inner = _children_depth_no_lists(root)
+    inner = _children_depth(root, nested_lists=False)
     if inner >= 0:
         return inner + 1 if inner < _DEPTH_CAP else _DEPTH_CAP
     if inner == -1:
         return -1
+    # The loop below is `_children_depth` with levels, inline (it runs for every item).
     deepest = 1
     pending: list[tuple[tuple[Any, ...], int]] = [(root, 1)]
     scalars = _SCALARS
@@ -196,32 +173,6 @@ def _list_depth(root: FrozenList) -> int:
     except AttributeError:  # a FrozenDict never built
         return -1
     return deepest if deepest < _DEPTH_CAP else _DEPTH_CAP
-
-
-def _children_depth_no_lists(values: tuple[Any, ...]) -> int:
-    """`_children_depth` of *values* when none of them is a FrozenList; -2 when one is."""
-    deepest = 0
-    scalars = _SCALARS
-    try:
-        for item in values:
-            kind = type(item)
-            if kind is str:
-                if item.isascii() or _text_ok(item):
-                    continue
-                return -1
-            if kind in scalars:
-                continue
-            if kind is FrozenDict:
-                depth = item._depth
-                if depth > deepest:
-                    deepest = depth
-            elif kind is FrozenList:
-                return -2
-            elif kind is not float or not -_INF < item < _INF:
-                return -1
-    except AttributeError:  # a FrozenDict never built
-        return -1
-    return deepest
 
 
 def depth_of(value: Frozen) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -38,19 +37,6 @@ from machine.log import SessionLog
 from machine.scripted import Driver, ScriptedEnvironment
 from machine.vocabulary import ErrorInfo, LlmFailure, Message, register_block_type
 from model import ModelAgent
-
-
-@pytest.fixture
-def restored_registries() -> Iterator[None]:
-    """Restore the extension registries after a test that registers (V3, V4)."""
-    from machine import vocabulary
-    blocks, sources = dict(vocabulary._block_checks), dict(vocabulary._source_checks)
-    yield
-    vocabulary._block_checks.clear()
-    vocabulary._block_checks.update(blocks)
-    vocabulary._source_checks.clear()
-    vocabulary._source_checks.update(sources)
-    vocabulary._MAPPED.clear()
 
 
 def assert_frozen(value: object) -> None:

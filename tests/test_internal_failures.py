@@ -149,9 +149,24 @@ class Run:
         return [json.dumps(o.to_json(), sort_keys=True) for o in self.outputs]
 
 
-def drive_plainly(agent: Any) -> list[Output]:
-    """Pull every output, answering each effect plainly (allow, a header, a one-chunk text
-    reply, None), until the agent waits for nothing."""
+def answer_plainly(agent: Any, effect: Effect) -> None:
+    """Allow, a header, a one-chunk text reply, or None."""
+    if effect.kind == "model":
+        agent.chunk(effect.id, {"type": "text", "text": "ok"})
+        agent.chunk(effect.id, {"type": "finish", "kind": "stop"})
+        agent.end(effect.id)
+    elif effect.kind == "request":
+        agent.resolve(effect.id, {"config": {"provider": "p", "model": "m"}})
+    elif effect.kind == "prompt-submit":
+        agent.resolve(effect.id, {"kind": "allow"})
+    else:
+        agent.resolve(effect.id, None)
+
+
+def drive_plainly(agent: Any, answer: Callable[[Any, Effect], None] = answer_plainly
+                  ) -> list[Output]:
+    """Pull every output, answering each effect with *answer*, until the agent waits for
+    nothing."""
     outputs: list[Output] = []
     while True:
         batch = agent.drain_outputs()
@@ -160,16 +175,7 @@ def drive_plainly(agent: Any) -> list[Output]:
         if not effects:
             return outputs
         for effect in effects:
-            if effect.kind == "model":
-                agent.chunk(effect.id, {"type": "text", "text": "ok"})
-                agent.chunk(effect.id, {"type": "finish", "kind": "stop"})
-                agent.end(effect.id)
-            elif effect.kind == "request":
-                agent.resolve(effect.id, {"config": {"provider": "p", "model": "m"}})
-            elif effect.kind == "prompt-submit":
-                agent.resolve(effect.id, {"kind": "allow"})
-            else:
-                agent.resolve(effect.id, None)
+            answer(agent, effect)
 
 
 def _model_failure() -> Exception:
@@ -387,26 +393,13 @@ def test_P14_a_broken_clock_stops_the_core_and_dispose_still_completes() -> None
         broken["now"] = False
         agent.drain_outputs()
         agent.followup(user("go", "p1"))
-        outputs: list[Output] = []
-        effects: list[Effect] = []
-        for _ in range(100):
-            batch = agent.drain_outputs()
-            outputs += batch
-            effects += [o for o in batch if isinstance(o, Effect)]
-            if not effects:
-                break
-            effect = effects.pop(0)
+
+        def answer(agent: Any, effect: Effect) -> None:
             if effect.kind == "model":
                 broken["now"] = True        # from the first chunk on, nothing can be written
-                agent.chunk(effect.id, {"type": "text", "text": "x"})
-                agent.chunk(effect.id, {"type": "finish", "kind": "stop"})
-                agent.end(effect.id)
-            elif effect.kind == "request":
-                agent.resolve(effect.id, {"config": {"provider": "p", "model": "m"}})
-            elif effect.kind == "prompt-submit":
-                agent.resolve(effect.id, {"kind": "allow"})
-            else:
-                agent.resolve(effect.id, None)
+            answer_plainly(agent, effect)
+
+        outputs = drive_plainly(agent, answer)
         assert agent.failure is not None, agent_type
         assert "clock gone" in agent.failure.message
         assert agent.log.open_turn == 1       # as after a crash: a store's load repairs it
@@ -485,32 +478,23 @@ def test_R20_4_loop_records_are_refused_while_busy_and_the_log_judges_them_idle(
     agent.drain_outputs()
     agent.followup(user("go", "p1"))
     seen: list[str] = []
-    while True:
-        batch = agent.drain_outputs()
-        effects = [o for o in batch if isinstance(o, Effect)]
-        if not effects:
-            break
-        for effect in effects:
-            if effect.kind == "request":
-                for type_, data in (("step/end", {"turn": 1, "step": 1}),
-                                    ("assistant/chunk", {"turn": 1, "step": 1, "chunk": {
-                                        "type": "text", "text": "forged"}})):
-                    with pytest.raises(InvariantError, match=r"\[R20\.4\]"):
-                        agent.append(type_, data)
-                    seen.append(type_)
-                with pytest.raises(InvariantError, match=r"\[L4\]"):   # the log's verdict first
-                    agent.append("turn/start", {"turn": 2, "trigger": {"kind": "retry"}})
-                agent.resolve(effect.id, {"config": {"provider": "p", "model": "m"}})
-            elif effect.kind == "model":
-                agent.chunk(effect.id, {"type": "finish", "kind": "stop"})
-                agent.end(effect.id)
-            elif effect.kind == "prompt-submit":
-                agent.resolve(effect.id, {"kind": "allow"})
-            else:
-                agent.resolve(effect.id, None)
+
+    def answer(agent: Any, effect: Effect) -> None:
+        if effect.kind == "request":
+            for type_, data in (("step/end", {"turn": 1, "step": 1}),
+                                ("assistant/chunk", {"turn": 1, "step": 1, "chunk": {
+                                    "type": "text", "text": "forged"}})):
+                with pytest.raises(InvariantError, match=r"\[R20\.4\]"):
+                    agent.append(type_, data)
+                seen.append(type_)
+            with pytest.raises(InvariantError, match=r"\[L4\]"):   # the log's verdict first
+                agent.append("turn/start", {"turn": 2, "trigger": {"kind": "retry"}})
+        answer_plainly(agent, effect)
+
+    drive_plainly(agent, answer)
     assert seen == ["step/end", "assistant/chunk"]
     types = [e.type for e in agent.log.events]
-    assert types.count("step/end") == 1 and types.count("assistant/chunk") == 1
+    assert types.count("step/end") == 1 and types.count("assistant/chunk") == 2   # ok, finish
     assert "forged" not in json.dumps([e.to_json() for e in agent.log.events])
     assert agent.status == "idle"
     event = agent.append("turn/start", {"turn": 2, "trigger": {"kind": "retry"}})   # idle
@@ -525,16 +509,15 @@ def test_P14_a_turn_left_open_by_direct_appends_keeps_a_run_from_starting(
     agent.drain_outputs()
     agent.append("turn/start", {"turn": 1, "trigger": {"kind": "retry"}})
     agent.followup(user("go", "p1"))
-    outputs: list[Output] = []
-    while True:
-        batch = agent.drain_outputs()
-        outputs += batch
-        effects = [o for o in batch if isinstance(o, Effect)]
-        if not effects:
-            break
-        for effect in effects:
+
+    def answer(agent: Any, effect: Effect) -> None:
+        if effect.kind == "prompt-submit":
             agent.resolve(effect.id, {"kind": "allow", "additionalContexts": [
-                context("lost?", "dc")]} if effect.kind == "prompt-submit" else None)
+                context("lost?", "dc")]})
+        else:
+            answer_plainly(agent, effect)
+
+    outputs = drive_plainly(agent, answer)
     texts = [str(o.event.payload["text"]) for o in outputs
              if isinstance(o, Live) and o.event.type == "agent/warning"]
     assert texts == ["the turn could not start: internal failure: InvariantError: [L4] "
@@ -543,20 +526,7 @@ def test_P14_a_turn_left_open_by_direct_appends_keeps_a_run_from_starting(
     assert agent.status == "idle" and agent.failure is None
     agent.append("turn/end", {"turn": 1, "reason": {"kind": "completed"}})
     agent.followup(user("now", "p2"))
-    while True:
-        effects = [o for o in agent.drain_outputs() if isinstance(o, Effect)]
-        if not effects:
-            break
-        for effect in effects:
-            if effect.kind == "model":
-                agent.chunk(effect.id, {"type": "finish", "kind": "stop"})
-                agent.end(effect.id)
-            elif effect.kind == "request":
-                agent.resolve(effect.id, {"config": {"provider": "p", "model": "m"}})
-            elif effect.kind == "prompt-submit":
-                agent.resolve(effect.id, {"kind": "allow"})
-            else:
-                agent.resolve(effect.id, None)
+    drive_plainly(agent)
     assert [e.type for e in agent.log.events][-1] == "turn/end"
     assert agent.log.last_turn == 2
 

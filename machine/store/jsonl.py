@@ -319,8 +319,8 @@ class JsonlStore(BaseStore[_Handle]):
 
     def _create(self, info: SessionInfo, events: Sequence[Event]) -> _Handle:
         path = self.path(info.session_id)
-        temporary = self._temporary(info.session_id)
-        try:
+        with self._rewriting(info.session_id, f"cannot create session {info.session_id!r} in "
+                             f"{self.root}") as temporary:
             self._write_file(temporary, self._lines(info, events, ()))
             try:
                 os.link(temporary, path)  # atomic and exclusive
@@ -335,12 +335,6 @@ class JsonlStore(BaseStore[_Handle]):
                     raise SessionExistsError(
                         f"session {info.session_id!r} already exists") from None
             self._sync_dir()
-        except OSError as error:
-            raise StoreWriteError(f"cannot create session {info.session_id!r} in {self.root}: "
-                                  f"{_cause(error)}") from error
-        finally:
-            with contextlib.suppress(OSError):
-                temporary.unlink(missing_ok=True)
         return _Handle(path, info.uid)
 
     def _reopen(self, session_id: str, stored: StoredSession) -> _Handle:
@@ -350,8 +344,9 @@ class JsonlStore(BaseStore[_Handle]):
             assert stored.valid_length is not None
             try:
                 os.truncate(path, stored.valid_length)
-                self._writable(handle)
-                self._sync(handle)
+                fd = self._writable(handle)
+                if self._fsync:
+                    os.fsync(fd)
             except OSError as error:
                 self._release(handle)
                 raise StoreWriteError(f"cannot cut the torn final record of session "
@@ -361,8 +356,8 @@ class JsonlStore(BaseStore[_Handle]):
     def _salvage(self, info: SessionInfo, stored: StoredSession, kept: Sequence[Event],
                  closers: Sequence[Event]) -> tuple[_Handle, str]:
         path = self.path(info.session_id)
-        temporary = self._temporary(info.session_id)
-        try:
+        with self._rewriting(info.session_id, f"cannot salvage session {info.session_id!r} "
+                             f"({path})", " the session is unchanged") as temporary:
             number = 1
             while (backup := path.with_name(f"{path.name}.damaged-{number}")).exists():
                 number += 1
@@ -370,12 +365,6 @@ class JsonlStore(BaseStore[_Handle]):
             self._write_file(temporary, self._lines(info, kept, closers))
             os.replace(temporary, path)
             self._sync_dir()
-        except OSError as error:
-            raise StoreWriteError(f"cannot salvage session {info.session_id!r} ({path}): "
-                                  f"{_cause(error)}; the session is unchanged") from error
-        finally:
-            with contextlib.suppress(OSError):
-                temporary.unlink(missing_ok=True)
         return _Handle(path, info.uid), str(backup)
 
     def _write(self, handle: _Handle, events: Sequence[Event]) -> None:
@@ -431,6 +420,20 @@ class JsonlStore(BaseStore[_Handle]):
 
     def _temporary(self, session_id: str) -> Path:
         return self.root / f".{session_id}{SUFFIX}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+
+    @contextlib.contextmanager
+    def _rewriting(self, session_id: str, what: str, after: str = "") -> Iterator[Path]:
+        """A temporary file for writing a whole session (removed in any case); a failure of
+        the file system meanwhile is a `StoreWriteError` saying *what* failed and why (S25)."""
+        temporary = self._temporary(session_id)
+        try:
+            yield temporary
+        except OSError as error:
+            raise StoreWriteError(f"{what}: {_cause(error)}" + (f";{after}" if after else "")
+                                  ) from error
+        finally:
+            with contextlib.suppress(OSError):
+                temporary.unlink(missing_ok=True)
 
     def _write_file(self, path: Path, chunks: Iterable[bytes], *,
                     exclusive: bool = False) -> None:
