@@ -429,13 +429,19 @@ def _freeze(value: JsonLike, path: str, active: set[int], limit: int = MAX_DEPTH
     raise NotJsonCompatibleError(path, f"a {kind.__name__} is not JSON-compatible")
 
 
+#: How much of a value's repr an error message shows.
+_SHOWN_LENGTH: Final = 120
+
+
 def shown(value: object) -> str:
-    """repr(value) for an error message, or its type when its repr raises (a caller's
-    object may do anything); never raises."""
+    """repr(value) for an error message, cut to `_SHOWN_LENGTH` characters, or the name of
+    its type when its repr raises (a caller's object may do anything, and a deeply nested
+    value exhausts the stack); never raises."""
     try:
-        return repr(value)
+        text = repr(value)
     except Exception:
         return f"a {type(value).__name__}"
+    return text if len(text) <= _SHOWN_LENGTH else text[:_SHOWN_LENGTH - 1] + "…"
 
 
 def _too_deep(path: str, limit: int = MAX_DEPTH) -> NotJsonCompatibleError:

@@ -52,6 +52,7 @@ from machine.jsonvalue import (
     depth_of,
     freeze,
     plain_text,
+    shown,
     snapshot,
 )
 from machine.vocabulary import (
@@ -398,7 +399,7 @@ class SessionLog:
         if not isinstance(event_type, str) or not event_type:
             raise ValidationError("event_type", "must be a non-empty string")
         if event_type in _RULE_OF_TYPE:
-            raise ValidationError("event_type", f"{event_type!r} is a core event type; "
+            raise ValidationError("event_type", f"{shown(event_type)} is a core event type; "
                                   "its rules cannot be overridden")
         self._rules[event_type] = check
 
@@ -453,7 +454,7 @@ class SessionLog:
         if kind is int or (kind is float and math.isfinite(now)):
             return now
         if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
-            _fail("L3", f"{type_}: the log's clock returned {now!r}, not a finite number of "
+            _fail("L3", f"{type_}: the log's clock returned {shown(now)}, not a finite number of "
                   "epoch milliseconds")
         return now
 
@@ -495,7 +496,7 @@ class SessionLog:
         """The compact JSON text of event *seq*'s data, exactly as the log retains it (L1):
         what ``compact_json(self[seq].data)`` would give, without decoding the event."""
         if type(seq) is not int or not 0 <= seq < len(self._records):
-            raise IndexError(f"no event with seq {seq!r} (the log has {len(self._records)})")
+            raise IndexError(f"no event with seq {shown(seq)} (the log has {len(self._records)})")
         return self._records[seq][3]
 
     def history(self, end: int) -> Sequence[Message]:
@@ -627,7 +628,7 @@ class SessionLog:
                 for source in seqs:
                     if isinstance(source, bool) or not isinstance(source, int) \
                             or not 0 <= source < next_seq:
-                        _fail("L3", f"{type_}: sourceEventSeqs entry {source!r} does not name "
+                        _fail("L3", f"{type_}: sourceEventSeqs entry {shown(source)} does not name "
                               f"an earlier event (this event would be seq {next_seq})")
         check = _CORE_CHECKS.get(type_)
         if check is not None:
@@ -641,7 +642,7 @@ class SessionLog:
         except Exception as error:  # a caller's rule: its failure refuses the append, typed
             _fail("L10", f"{type_}: its rule raised {ErrorInfo.from_exception(error).rendered()}")
         if problem:
-            _fail("L10", f"{type_}: {problem if isinstance(problem, str) else repr(problem)}")
+            _fail("L10", f"{type_}: {problem if isinstance(problem, str) else shown(problem)}")
         return None
 
     def _require_turn(self, type_: str) -> int:
@@ -673,7 +674,7 @@ class SessionLog:
         turn = data.get("turn")
         expected = self._last_turn + 1
         if not _is_int(turn) or turn != expected:
-            _fail("L4", f"turn/start: expected turn {expected}, got {turn!r}")
+            _fail("L4", f"turn/start: expected turn {expected}, got {shown(turn)}")
         try:  # V13: message / retry / injection
             TurnTrigger.from_json(data.get("trigger"), "data.trigger")
         except ValidationError as error:
@@ -682,9 +683,9 @@ class SessionLog:
     def _check_turn_end(self, data: FrozenDict, _op: Frozen) -> None:
         turn = data.get("turn")
         if self._open_turn is None:
-            _fail("L4", f"turn/end: turn {turn!r} is outside any open turn")
+            _fail("L4", f"turn/end: turn {shown(turn)} is outside any open turn")
         if not _is_int(turn) or turn != self._open_turn:
-            _fail("L4", f"turn/end: turn {turn!r} does not match open turn {self._open_turn}")
+            _fail("L4", f"turn/end: turn {shown(turn)} does not match open turn {self._open_turn}")
         if self._open_step is not None:
             _fail("L4", f"turn/end: step {self._open_turn}.{self._open_step} is still open")
         try:  # V19: completed / aborted / error / disposed / max-tokens / interrupted
@@ -699,10 +700,10 @@ class SessionLog:
             _fail("L5", f"step/start: step {self._open_turn}.{self._open_step} is still open")
         turn, step = data.get("turn"), data.get("step")
         if not _is_int(turn) or turn != self._open_turn:
-            _fail("L5", f"step/start: turn {turn!r} does not match open turn {self._open_turn}")
+            _fail("L5", f"step/start: turn {shown(turn)} does not match open turn {self._open_turn}")
         expected = self._last_step + 1
         if not _is_int(step) or step != expected:
-            _fail("L5", f"step/start: expected step {expected} of turn {turn}, got {step!r}")
+            _fail("L5", f"step/start: expected step {expected} of turn {turn}, got {shown(step)}")
 
     def _check_step_end(self, data: FrozenDict, _op: Frozen) -> None:
         if self._open_step is None:
@@ -731,9 +732,9 @@ class SessionLog:
         self._require_step(TOOL_CALL, data)
         call_id, name = data.get("callId"), data.get("name")
         if not isinstance(call_id, str) or not call_id:
-            _fail("L6", f"tool/call: data.callId must be a non-empty string, got {call_id!r}")
+            _fail("L6", f"tool/call: data.callId must be a non-empty string, got {shown(call_id)}")
         if not isinstance(name, str):
-            _fail("L6", f"tool/call: data.name must be a string, got {name!r}")
+            _fail("L6", f"tool/call: data.name must be a string, got {shown(name)}")
 
     def _check_tool_result(self, data: FrozenDict, op: Frozen) -> Message:
         fresh = op == APPEND
@@ -745,10 +746,10 @@ class SessionLog:
         call_id = message.source["callId"]
         error = data.get("error")
         if error is not None and not isinstance(error, FrozenDict):
-            _fail("L7", f"tool/result: data.error must be a mapping, got {error!r}")
+            _fail("L7", f"tool/result: data.error must be a mapping, got {shown(error)}")
         not_started = error is not None and error.get("code") == TOOL_NOT_STARTED
         if fresh and call_id not in self._step_calls and not not_started:
-            _fail("L7", f"tool/result: no tool/call with callId {call_id!r} earlier in step "
+            _fail("L7", f"tool/result: no tool/call with callId {shown(call_id)} earlier in step "
                   f"{self._open_turn}.{self._open_step}")
         return message
 
@@ -756,7 +757,7 @@ class SessionLog:
         turn = self._require_turn(STEERING_MESSAGE)
         named = data.get("turn")
         if not _is_int(named) or named != turn:
-            _fail("L8", f"steering/message: turn {named!r} does not match open turn {turn}")
+            _fail("L8", f"steering/message: turn {shown(named)} does not match open turn {turn}")
         return _message_field(STEERING_MESSAGE, data, validate_user_message)
 
     def _check_todo_write(self, _data: FrozenDict, _op: Frozen) -> None:
@@ -769,7 +770,7 @@ class SessionLog:
         reason = data.get("reason")
         if reason not in HEADER_REASONS:
             _fail("L8", "request/header: data.reason must be 'initial', 'resume' or 'change', "
-                  f"got {reason!r}")
+                  f"got {shown(reason)}")
 
     def _check_user_message(self, data: FrozenDict, _op: Frozen) -> Message:
         # L9: no enclosure at all; the data is the well-formed user message itself.
@@ -820,7 +821,7 @@ def _as_int(value: Frozen) -> int:
 
 
 def _dotted(named: tuple[Frozen, Frozen]) -> str:
-    return f"{named[0]!r}.{named[1]!r}"
+    return f"{shown(named[0])}.{shown(named[1])}"
 
 
 def _message_field(type_: str, data: FrozenDict,
@@ -849,7 +850,7 @@ def _event_type(type_: object) -> str:
         try:
             plain_text(type_, "type")
         except ValidationError as error:
-            _fail("L3", f"the event type {type_!r}: {error.problem}")
+            _fail("L3", f"the event type {shown(type_)}: {error.problem}")
     return type_
 
 

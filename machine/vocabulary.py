@@ -24,6 +24,7 @@ from machine.jsonvalue import (
     immutable_value,
     plain_text,
     scrub_text,
+    shown,
     thaw,
 )
 
@@ -61,7 +62,7 @@ def _fields(value: JsonLike, path: str, shape: str, required: Sequence[str],
     for key in value:
         if key not in required and key not in optional:
             extra = set(value) - set(required) - set(optional)
-            names = ", ".join(sorted(repr(k) for k in extra))
+            names = ", ".join(sorted(shown(k) for k in extra))
             raise ValidationError(path, f"unexpected field(s) {names}")
     for key in required:
         if key not in value:
@@ -98,7 +99,7 @@ def register_block_type(type_name: str, check: BlockCheck | None = None) -> None
     if not isinstance(type_name, str) or not type_name:
         raise ValidationError("type_name", "must be a non-empty string")
     if type_name in _CORE_BLOCKS:
-        raise ValidationError("type_name", f"{type_name!r} is a core block type")
+        raise ValidationError("type_name", f"{shown(type_name)} is a core block type")
     global _registrations
     _block_checks[type_name] = check or (lambda _b: None)
     _registrations += 1
@@ -110,7 +111,7 @@ def register_source_kind(kind: str, check: BlockCheck | None = None) -> None:
     if not isinstance(kind, str) or not kind:
         raise ValidationError("kind", "must be a non-empty string")
     if kind in _CORE_SOURCES:
-        raise ValidationError("kind", f"{kind!r} is a core source kind")
+        raise ValidationError("kind", f"{shown(kind)} is a core source kind")
     global _registrations
     _source_checks[kind] = check or (lambda _s: None)
     _registrations += 1
@@ -120,9 +121,9 @@ def register_source_kind(kind: str, check: BlockCheck | None = None) -> None:
 def _str_field(value: FrozenDict, key: str, *, nonempty: bool = False) -> str | None:
     item = value.get(key)
     if not isinstance(item, str):
-        return f"{key!r} must be a string"
+        return f"{shown(key)} must be a string"
     if nonempty and not item:
-        return f"{key!r} must not be empty"
+        return f"{shown(key)} must not be empty"
     return None
 
 
@@ -167,7 +168,7 @@ def block_problem(block: Frozen) -> str | None:
     if not isinstance(kind, str) or not kind:
         return "a content block needs a non-empty string 'type'"
     check = _CORE_BLOCKS.get(kind) or _block_checks.get(kind)
-    return _verdict_of(check, block, f"the check of block type {kind!r}") if check else None
+    return _verdict_of(check, block, f"the check of block type {shown(kind)}") if check else None
 
 
 def _verdict_of(check: BlockCheck, value: FrozenDict, whose: str) -> str | None:
@@ -211,7 +212,7 @@ def source_problem(source: Frozen) -> str | None:
     if not isinstance(kind, str) or not kind:
         return "the source needs a non-empty string 'kind'"
     check = _CORE_SOURCES.get(kind) or _source_checks.get(kind)
-    return _verdict_of(check, source, f"the check of source kind {kind!r}") if check else None
+    return _verdict_of(check, source, f"the check of source kind {shown(kind)}") if check else None
 
 
 def freeze_content(value: JsonLike, path: str) -> FrozenList:
@@ -314,7 +315,7 @@ class Message:
         object.__setattr__(self, "id", plain_text(self.id, "message.id"))   # V22
         if not isinstance(self.role, str) or self.role not in ROLES:
             raise ValidationError("message.role",
-                                  f"{self.role!r} is not one of user, assistant, system")
+                                  f"{shown(self.role)} is not one of user, assistant, system")
         object.__setattr__(self, "content", freeze_content(self.content, "message.content"))
         object.__setattr__(self, "source", freeze_source(self.source, "message.source"))
 
@@ -386,7 +387,7 @@ def validate_user_message(value: JsonLike, path: str = "message") -> Message:
     """Rule V7: a well-formed *user* message, snapshotted. Accepts a Message or its JSON form."""
     message = Message.from_json(value, path)
     if message.role != "user":
-        raise ValidationError(f"{path}.role", f"must be 'user', not {message.role!r}")
+        raise ValidationError(f"{path}.role", f"must be 'user', not {shown(message.role)}")
     return message
 
 
@@ -401,7 +402,7 @@ def validate_assistant_message(value: JsonLike, path: str = "message") -> Messag
     """Rule V5: role 'assistant' and a source of kind 'model'."""
     message = Message.from_json(value, path)
     if message.role != "assistant":
-        raise ValidationError(f"{path}.role", f"must be 'assistant', not {message.role!r}")
+        raise ValidationError(f"{path}.role", f"must be 'assistant', not {shown(message.role)}")
     if message.source["kind"] != "model":
         raise ValidationError(f"{path}.source.kind", "an assistant message's source is 'model'")
     return message
@@ -456,7 +457,7 @@ class SendOptions:
     def __post_init__(self) -> None:
         if self.target not in ("next-turn", "next-step"):
             raise ValidationError("options.target",
-                                  f"{self.target!r} is not 'next-turn' or 'next-step'")
+                                  f"{shown(self.target)} is not 'next-turn' or 'next-step'")
         if not isinstance(self.wakeup, bool):
             raise ValidationError("options.wakeup", "must be a bool")
 
@@ -489,7 +490,7 @@ class CancelCause:
     def __post_init__(self) -> None:
         if self.kind not in ("user", "parent", "disposed"):
             raise ValidationError("cause.kind",
-                                  f"{self.kind!r} is not 'user', 'parent' or 'disposed'")
+                                  f"{shown(self.kind)} is not 'user', 'parent' or 'disposed'")
 
     def to_json(self) -> dict[str, JsonLike]:
         return {"kind": self.kind}
@@ -849,7 +850,7 @@ def decision_from_json(value: JsonLike, path: str = "decision") -> PromptDecisio
             return Block(fields["reason"])
     except ValidationError as exc:
         raise _rebase(exc, "decision", path) from None
-    raise ValidationError(f"{path}.kind", f"{kind!r} is not 'allow' or 'block'")
+    raise ValidationError(f"{path}.kind", f"{shown(kind)} is not 'allow' or 'block'")
 
 
 def retry_action_from_json(value: JsonLike) -> bool:
@@ -907,7 +908,7 @@ def _validate_chunk(value: JsonLike, path: str) -> FrozenDict:
         kind = chunk.get("kind")
         if kind not in FINISH_KINDS:
             raise ValidationError(f"{path}.kind",
-                                  f"{kind!r} is not stop, max-tokens, error or aborted")
+                                  f"{shown(kind)} is not stop, max-tokens, error or aborted")
         if "usage" in chunk and not isinstance(chunk["usage"], FrozenDict):
             raise ValidationError(f"{path}.usage", "must be a mapping")
         if kind == "error" and "failure" not in chunk:
@@ -938,12 +939,12 @@ class TurnTrigger:
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or self.kind not in TRIGGER_KINDS:
             raise ValidationError("trigger.kind",
-                                  f"{self.kind!r} is not 'message', 'retry' or 'injection'")
+                                  f"{shown(self.kind)} is not 'message', 'retry' or 'injection'")
         if self.kind == "retry":
             if self.source is not None:
                 raise ValidationError("trigger.source", "a retry trigger has no source")
         elif self.source is None:
-            raise ValidationError("trigger.source", f"is required for a {self.kind!r} trigger")
+            raise ValidationError("trigger.source", f"is required for a {shown(self.kind)} trigger")
         else:
             object.__setattr__(self, "source", freeze_source(self.source, "trigger.source"))
 
@@ -999,13 +1000,13 @@ class TurnEndReason:
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or self.kind not in TURN_END_KINDS:
-            raise ValidationError("reason.kind", f"{self.kind!r} is not a turn-end reason kind")
+            raise ValidationError("reason.kind", f"{shown(self.kind)} is not a turn-end reason kind")
         if self.kind != "error":
             for name, item in (("step", self.step), ("failure", self.failure),
                                ("message", self.message), ("code", self.code)):
                 if item is not None:
                     raise ValidationError(f"reason.{name}",
-                                          f"is not allowed on a {self.kind!r} reason")
+                                          f"is not allowed on a {shown(self.kind)} reason")
             return
         if type(self.step) is not int or self.step < 0:
             raise ValidationError("reason.step", "must be a non-negative integer")
@@ -1095,12 +1096,12 @@ class SettleReason:
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or self.kind not in SETTLE_KINDS:
             raise ValidationError("reason.kind",
-                                  f"{self.kind!r} is not 'completed', 'aborted' or 'error'")
+                                  f"{shown(self.kind)} is not 'completed', 'aborted' or 'error'")
         if self.kind != "error":
             for name, item in (("error", self.error), ("failure", self.failure)):
                 if item is not None:
                     raise ValidationError(f"reason.{name}",
-                                          f"is not allowed on a {self.kind!r} reason")
+                                          f"is not allowed on a {shown(self.kind)} reason")
             return
         if not isinstance(self.error, ErrorInfo):
             raise ValidationError("reason.error", "an error reason needs an ErrorInfo")

@@ -126,26 +126,28 @@ def odd_leaves() -> st.SearchStrategy[Spec]:
 @functools.cache
 def values(depth: int = 3) -> st.SearchStrategy[Spec]:
     """Any value: mostly JSON, often not (odd leaves, tuples, subclasses, frozen values,
-    hand-built FrozenLists, cycles, aliases, deep nesting)."""
-    leaves = st.one_of(scalars(), scalars(), odd_leaves())
+    hand-built FrozenLists, cycles, aliases, deep nesting), nested up to about *depth*
+    levels (a recursive strategy, so that its repr stays small)."""
+    leaves = st.one_of(scalars(), scalars(), odd_leaves(), st.just(("cycle",)),
+                       st.tuples(st.sampled_from([120, 126, 127, 128, 129, 200, 5000]),
+                                 st.booleans()).map(lambda t: ("deep", t[0], t[1])))
     if depth <= 0:
         return leaves
-    inner = values(depth - 1)
     keys = st.one_of(st.sampled_from(["k", "type", "text", "x\ud800", ""]).map(lambda k: ("key", k)),
                      st.sampled_from([1, None, ("t",)]).map(lambda k: ("badkey", k)))
-    return st.one_of(
-        leaves,
-        st.lists(inner, max_size=3).map(lambda items: ("list", items)),
-        st.lists(st.tuples(keys, inner), max_size=3).map(lambda pairs: ("dict", pairs)),
-        st.lists(inner, max_size=2).map(lambda items: ("tuple", items)),
-        inner.map(lambda item: ("frozen", item)),
-        st.lists(inner, max_size=2).map(lambda items: ("rawfrozen", items)),
-        st.lists(st.tuples(keys, inner), max_size=2).map(lambda pairs: ("sneakydict", pairs)),
-        st.lists(inner, max_size=2).map(lambda items: ("sneakylist", items)),
-        inner.map(lambda item: ("alias", item)),
-        st.just(("cycle",)),
-        st.tuples(st.sampled_from([120, 126, 127, 128, 129, 200, 5000]),
-                  st.booleans()).map(lambda t: ("deep", t[0], t[1])))
+
+    def extend(inner: st.SearchStrategy[Spec]) -> st.SearchStrategy[Spec]:
+        return st.one_of(
+            st.lists(inner, max_size=3).map(lambda items: ("list", items)),
+            st.lists(st.tuples(keys, inner), max_size=3).map(lambda pairs: ("dict", pairs)),
+            st.lists(inner, max_size=2).map(lambda items: ("tuple", items)),
+            inner.map(lambda item: ("frozen", item)),
+            st.lists(inner, max_size=2).map(lambda items: ("rawfrozen", items)),
+            st.lists(st.tuples(keys, inner), max_size=2).map(lambda pairs: ("sneakydict", pairs)),
+            st.lists(inner, max_size=2).map(lambda items: ("sneakylist", items)),
+            inner.map(lambda item: ("alias", item)))
+
+    return st.recursive(leaves, extend, max_leaves=4 * depth)
 
 
 def build(spec: Spec) -> Any:
