@@ -123,13 +123,50 @@ def _children_depth(values: Iterable[Any], *, nested_lists: bool = True) -> int:
     return deepest
 
 
+#: Exact str keys found free of lone surrogates (at most `_KNOWN_KEYS_LIMIT` of them).
+_KNOWN_KEYS: set[str] = set()
+_KNOWN_KEYS_LIMIT: Final = 4096
+
+
 def _items_depth(data: dict[Any, Any]) -> int:
     """`_children_depth` of a plain dict's values, or -1 if a key is not an exact str free
     of lone surrogates."""
-    for key in data:
-        if type(key) is not str or not (key.isascii() or _text_ok(key)):
-            return -1
-    return _children_depth(data.values())
+    # Why not `_children_depth(data.values())` after a pass over the keys: this runs for
+    # every payload the core builds, and one pass over the pairs, inline, costs less.
+    deepest = 0
+    scalars = _SCALARS
+    known = _KNOWN_KEYS
+    try:
+        for key, item in data.items():
+            if type(key) is not str or key not in known:
+                # Why the cache: most keys are the few the vocabulary uses, checked once;
+                # an exact str compares and hashes without running any code of a caller's.
+                if type(key) is not str or not (key.isascii() or _text_ok(key)):
+                    return -1
+                if len(known) < _KNOWN_KEYS_LIMIT:
+                    known.add(key)
+            kind = type(item)
+            if kind is str:
+                if item.isascii() or _text_ok(item):
+                    continue
+                return -1
+            if kind in scalars:
+                continue
+            if kind is FrozenDict:
+                depth = item._depth
+            elif kind is FrozenList:
+                depth = _list_depth(item)
+                if depth < 0:
+                    return -1
+            elif kind is float and -_INF < item < _INF:
+                continue
+            else:
+                return -1
+            if depth > deepest:
+                deepest = depth
+    except AttributeError:  # a FrozenDict never built
+        return -1
+    return deepest
 
 
 def _list_depth(root: FrozenList) -> int:
@@ -365,6 +402,12 @@ def freeze(value: JsonLike, path: str = "value", *, max_depth: int | None = MAX_
     # Why: a value frozen by its exact type needs no walk (and no cycle-tracking set).
     if kind is int or kind is bool or value is None:
         return value  # type: ignore[no-any-return]
+    if kind is dict:
+        # Why: the usual case, a dict of scalars and frozen values within the bound, is
+        # copied at once (what `_freeze_dict` would do, without its calls and set).
+        children = _items_depth(value)
+        if 0 <= children < limit:
+            return FrozenDict._adopt(value.copy(), children + 1)
     if kind is str:
         if value.isascii() or _text_ok(value):
             return value  # type: ignore[no-any-return]
@@ -710,6 +753,10 @@ def snapshot(value: JsonLike) -> JsonLike:
     kind = type(value)
     if value is None or kind is int or kind is bool:   # Why: the usual completion value
         return value
+    if kind is dict:       # Why: the usual chunk or result, frozen at once (as by freeze)
+        children = _items_depth(value)
+        if 0 <= children < MAX_DEPTH:
+            return FrozenDict._adopt(value.copy(), children + 1)
     if getattr(kind, IMMUTABLE_MARK, False):
         return value
     try:

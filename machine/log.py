@@ -12,6 +12,7 @@ incrementally too, so `history(end)` is a cheap immutable view.
 from __future__ import annotations
 
 import bisect
+import builtins
 import logging
 import math
 import time
@@ -409,7 +410,8 @@ class SessionLog:
               surface_op: str | Mapping[str, object] | None = None,
               source_event_seqs: Sequence[int] | None = None) -> None:
         """Raise `InvariantError` if this append would break an invariant (L2). Pure."""
-        type = _event_type(type)
+        if builtins.type(type) is not str or not type.isascii():
+            type = _event_type(type)
         frozen_data, frozen_op, frozen_seqs = _freeze_envelope(data, surface_op, source_event_seqs)
         message = self._verdict(type, frozen_data, frozen_op, frozen_seqs)
         # Why (performance): a store checks each append before writing it and commits the
@@ -429,7 +431,8 @@ class SessionLog:
         A `Message` may stand for a message mapping (as *data* itself or as a
         top-level value of it).
         """
-        type = _event_type(type)
+        if builtins.type(type) is not str or not type.isascii():   # Why: the usual type, at once
+            type = _event_type(type)
         frozen_data, frozen_op, frozen_seqs = _freeze_envelope(data, surface_op, source_event_seqs)
         checked, self._checked = self._checked, None
         if (checked is not None and checked[0] == type and checked[1] is frozen_data
@@ -451,7 +454,7 @@ class SessionLog:
             _fail("L3", f"{type_}: the log's clock failed: "
                   f"{ErrorInfo.from_exception(error).rendered()}")
         kind = type(now)
-        if kind is int or (kind is float and math.isfinite(now)):
+        if kind is int or (kind is float and -math.inf < now < math.inf):
             return now
         if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
             _fail("L3", f"{type_}: the log's clock returned {shown(now)}, not a finite number of "

@@ -167,21 +167,26 @@ def block_problem(block: Frozen) -> str | None:
     kind = block.get("type")
     if not isinstance(kind, str) or not kind:
         return "a content block needs a non-empty string 'type'"
-    check = _CORE_BLOCKS.get(kind) or _block_checks.get(kind)
-    return _verdict_of(check, block, f"the check of block type {shown(kind)}") if check else None
+    core = _CORE_BLOCKS.get(kind)
+    if core is not None:
+        return core(block)
+    check = _block_checks.get(kind)
+    return _verdict_of(check, block, "block type", kind) if check else None
 
 
-def _verdict_of(check: BlockCheck, value: FrozenDict, whose: str) -> str | None:
+def _verdict_of(check: BlockCheck, value: FrozenDict, what: str, kind: str) -> str | None:
     """What an extension's *check* says of *value*. A check that raises, or answers with
     anything but None or a string, refuses the value (its failure is named): reading a
     value never lets a caller's exception escape (V3, V4)."""
     try:
         problem = check(value)
     except Exception as error:
-        return f"{whose} raised {ErrorInfo.from_exception(error).rendered()!r}"
+        return (f"the check of {what} {shown(kind)} raised "
+                f"{ErrorInfo.from_exception(error).rendered()!r}")
     if problem is None or type(problem) is str:
         return scrub_text(problem) if problem else None
-    return f"{whose} answered {type(problem).__name__}, not a problem text or None"
+    return (f"the check of {what} {shown(kind)} answered {type(problem).__name__}, not a "
+            "problem text or None")
 
 
 def _check_plugin(source: FrozenDict) -> str | None:
@@ -211,8 +216,11 @@ def source_problem(source: Frozen) -> str | None:
     kind = source.get("kind")
     if not isinstance(kind, str) or not kind:
         return "the source needs a non-empty string 'kind'"
-    check = _CORE_SOURCES.get(kind) or _source_checks.get(kind)
-    return _verdict_of(check, source, f"the check of source kind {shown(kind)}") if check else None
+    core = _CORE_SOURCES.get(kind)
+    if core is not None:
+        return core(source)
+    check = _source_checks.get(kind)
+    return _verdict_of(check, source, "source kind", kind) if check else None
 
 
 def freeze_content(value: JsonLike, path: str) -> FrozenList:
