@@ -560,3 +560,39 @@ def test_P14_an_encoder_that_fails_at_an_append_is_a_typed_refusal_handled_in_or
     assert machine.rendered() == model.rendered()
     texts = " ".join(machine.rendered() + machine.refusals)
     assert "the event could not be encoded (RecursionError)" in texts
+
+
+def test_P14_through_the_runtime_a_hostile_value_is_refused_and_a_failure_never_hangs() -> None:
+    """Issue 14.1 through the asyncio runtime: the deep value is refused at the call (and
+    when_idle completes); a clock that breaks in the middle of a turn fails it, then stops
+    the core, and when_idle() and dispose() still complete."""
+    import asyncio
+
+    from machine.errors import NotJsonCompatibleError
+    from machine.jsonvalue import FrozenList
+    from machine.runtime import Agent, ScriptedModel, text_reply
+
+    deep = FrozenList([])
+    for _ in range(100_000):
+        deep = FrozenList([deep])
+    broken = {"now": False}
+
+    def clock() -> float:
+        if broken["now"]:
+            raise OSError("clock gone")
+        return 1
+
+    async def main() -> None:
+        agent = Agent(ScriptedModel([text_reply("hello"), text_reply("again")]), clock=clock)
+        with pytest.raises(NotJsonCompatibleError, match="128 levels"):
+            agent.followup({"id": "m1", "role": "user", "content": [
+                {"type": "x", "v": deep}], "source": {"kind": "user"}})
+        await agent.when_idle()
+        agent.on("assistant/chunk", lambda _e: broken.__setitem__("now", True))
+        agent.followup("go")
+        await agent.when_idle()
+        assert agent.core.failure is not None and "clock gone" in agent.core.failure.message
+        await agent.dispose()
+        assert agent.disposed
+
+    asyncio.run(asyncio.wait_for(main(), 60))
