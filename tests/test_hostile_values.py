@@ -479,3 +479,38 @@ def test_V2_outputs_hold_only_frozen_values_when_hand_built_lists_come_in() -> N
         else:
             assert_frozen(output.payload if not hasattr(output, "event")
                           else output.event.payload)
+
+
+def test_V6_P6_RT5_a_model_adapter_reusing_one_dict_through_the_runtime() -> None:
+    """Issue 14.2 through the asyncio runtime: the stream's chunks enter the core on a later
+    pass (RT5), after the adapter has already refilled its one dict; each is taken when it
+    is yielded, so the log reads alphabetagamma."""
+    import asyncio
+
+    from machine.runtime import Agent
+
+    class Reusing:
+        def stream(self, call: Any) -> Any:
+            async def chunks() -> Any:
+                one: dict[str, Any] = {}
+                for piece in ("alpha", "beta", "gamma"):
+                    one.clear()
+                    one.update(type="text", text=piece)
+                    yield one
+                one.clear()
+                one.update(type="finish", kind="stop")
+                yield one
+            return chunks()
+
+    async def main() -> list[Any]:
+        async with Agent(Reusing(), request_options={"provider": "p", "model": "m"}) as agent:
+            agent.followup("go")
+            await agent.when_idle()
+            return list(agent.session.events)
+
+    events = asyncio.run(asyncio.wait_for(main(), 60))
+    chunks = [thaw(e.data["chunk"]) for e in events if e.type == "assistant/chunk"]
+    assert [c.get("text") for c in chunks] == ["alpha", "beta", "gamma", None]
+    (assistant,) = [e for e in events if e.type == "assistant/message"]
+    assert thaw(assistant.data["message"]["content"]) == [{"type": "text",
+                                                          "text": "alphabetagamma"}]

@@ -37,7 +37,7 @@ from machine.core import AgentCore, CoreConfig
 from machine.errors import ProtocolError
 from machine.events import Event, LiveEvent
 from machine.io import MODEL, TICK, Durable, Effect, Input, Live, Output
-from machine.jsonvalue import FrozenDict
+from machine.jsonvalue import FrozenDict, snapshot
 from machine.log import SessionLog
 from machine.runtime.environment import SystemPrompt, perform
 from machine.runtime.failures import error_info
@@ -423,10 +423,11 @@ class Agent:
         return signal
 
     def _complete(self, kind: str, effect_id: int, value: object) -> None:
-        """Work finished: it enters the core on the next pass (RT5)."""
+        """Work finished: it enters the core on the next pass (RT5), as it was now (V6: an
+        adapter may refill the dict it yielded before the core takes it)."""
         if effect_id in self._released:
             return
-        self._ready.append((kind, effect_id, value))
+        self._ready.append((kind, effect_id, snapshot(value)))
         self._schedule_pump()
 
     def _resolve_tick_soon(self, effect_id: int) -> None:
