@@ -296,7 +296,7 @@ def frozen_message(message: Message) -> FrozenDict:
 
 
 def frozen_json(value: CancelCause | ErrorInfo | LlmFailure | ToolResult) -> FrozenDict:
-    # Why no depth bound: the parts were checked on entry; the wrapping adds a level (V1).
+    # Why the envelope bound: the parts were checked on entry; the wrapping adds a level (V1).
     frozen = freeze(value.to_json(), "value", max_depth=None)
     assert isinstance(frozen, FrozenDict)
     return frozen

@@ -864,16 +864,22 @@ def _freeze_envelope(data: Mapping[str, object] | Message, surface_op: object,
     if type(data) is FrozenDict and surface_op is None and source_event_seqs is None \
             and 0 < depth_of(data) <= ENVELOPE_DEPTH:
         return data, None, None  # Why: the usual case, frozen already (as the general path)
-    if not isinstance(data, Message):
+    # Why only these: exact dicts, lists, strs and frozen values are read below without
+    # running any code of the caller's; anything else (a subclass, say) is taken first.
+    if type(data) is not dict and type(data) is not FrozenDict and not isinstance(data, Message):
         data = snapshot(data)
-    surface_op, source_event_seqs = snapshot(surface_op), snapshot(source_event_seqs)
+    if surface_op is not None and type(surface_op) is not str:
+        surface_op = snapshot(surface_op)
+    if source_event_seqs is not None and type(source_event_seqs) is not list \
+            and type(source_event_seqs) is not FrozenList:
+        source_event_seqs = snapshot(source_event_seqs)
     try:
         if isinstance(data, Message):
             frozen_data: Frozen = freeze(_message_mapping(data), "data", max_depth=None)
         elif isinstance(data, FrozenDict):
             frozen_data = freeze(data, "data", max_depth=None)  # its depth: V1's envelope bound
         elif isinstance(data, Mapping):
-            # Why no depth bound: event data wraps values bounded where they entered (V1).
+            # The envelope bound (V1): event data wraps values bounded where they entered.
             frozen_data = freeze({key: _message_mapping(value) if isinstance(value, Message)
                                   else value for key, value in data.items()}, "data",
                                  max_depth=None)
