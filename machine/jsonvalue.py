@@ -408,12 +408,19 @@ def freeze(value: JsonLike, path: str = "value", *, max_depth: int | None = MAX_
         children = _items_depth(value)
         if 0 <= children < limit:
             return FrozenDict._adopt(value.copy(), children + 1)
+        try:
+            return _freeze_dict(value, path, set(), limit, checked=True)
+        except RecursionError:
+            raise NotJsonCompatibleError(path, "the value is nested too deeply") from None
     if kind is str:
         if value.isascii() or _text_ok(value):
             return value  # type: ignore[no-any-return]
         raise NotJsonCompatibleError(path, _surrogate_problem(value))
     if kind is FrozenDict:
-        depth = depth_of(value)
+        try:
+            depth = value._depth
+        except AttributeError:   # never built: refused below
+            depth = -1
         if 0 <= depth <= limit:
             return value  # type: ignore[no-any-return]
         if depth > limit:
@@ -518,11 +525,13 @@ def _freeze_list(value: list[Any] | FrozenList, path: str, active: set[int],
         active.discard(key)
 
 
-def _freeze_dict(value: dict[Any, Any], path: str, active: set[int], limit: int) -> FrozenDict:
+def _freeze_dict(value: dict[Any, Any], path: str, active: set[int], limit: int, *,
+                 checked: bool = False) -> FrozenDict:
     if len(active) >= limit:
         raise _too_deep(path, limit)
-    # Why: as for lists, a dict of exact str keys and frozen values is copied as it is.
-    if type(value) is dict:
+    # Why: as for lists, a dict of exact str keys and frozen values is copied as it is
+    # (unless the caller has just found that it is not: *checked*).
+    if type(value) is dict and not checked:
         children = _items_depth(value)
         if children >= 0 and len(active) + children + 1 <= limit:
             return FrozenDict._adopt(value.copy(), children + 1)
@@ -753,11 +762,7 @@ def snapshot(value: JsonLike) -> JsonLike:
     kind = type(value)
     if value is None or kind is int or kind is bool:   # Why: the usual completion value
         return value
-    if kind is dict:       # Why: the usual chunk or result, frozen at once (as by freeze)
-        children = _items_depth(value)
-        if 0 <= children < MAX_DEPTH:
-            return FrozenDict._adopt(value.copy(), children + 1)
-    if getattr(kind, IMMUTABLE_MARK, False):
+    if kind is not dict and getattr(kind, IMMUTABLE_MARK, False):
         return value
     try:
         return freeze(value)
