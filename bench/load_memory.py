@@ -1,4 +1,4 @@
-"""Item 8: memory of a JSONL session load (S24) — peak resident memory vs the file's size.
+"""Item 8: memory of a JSONL session load (S31) — peak resident memory vs the file's size.
 
 A session of *N* events of *S* characters each is written straight to a file (never held in
 memory), then loaded by ``JsonlStore.load`` in a fresh interpreter, which reports its peak
@@ -120,6 +120,6 @@ def run(quick: bool = False) -> Section:
         "`JsonlStore.load` of the session: the growth is what the load cost. `chunks`: "
         "assistant/chunk events inside one step (the log keeps each event's compact text); "
         "`messages`: between-turn user/message events (the text, and the derived history's "
-        "message objects, L13). Before loads streamed (S24), a 1 GB session took about 8 GiB.")
+        "message objects, L13). Before loads streamed (S31), a 1 GB session took about 8 GiB.")
     section.seconds = time.perf_counter() - started
     return section

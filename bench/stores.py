@@ -38,7 +38,7 @@ FULL_APPENDS = 30_000
 QUICK_APPENDS = 300
 FULL_LOAD = 1_000_000
 QUICK_LOAD = 2_000
-UID = "0123456789abcdef" * 2     # the sessions' identity (format version 2, S23)
+UID = "0123456789abcdef" * 2     # the sessions' identity (format version 2, S30)
 
 
 def session_events(workload: str, events: int) -> list[Event]:

@@ -357,8 +357,8 @@ class AgentCore:
         self._header_logged = False
         self._disposing = False
         self._disposed = False
-        self._failure: ErrorInfo | None = None    # P14: why the core stopped, once it has
-        self._abandoned: set[int] = set()         # P14: effects requested before it stopped
+        self._failure: ErrorInfo | None = None    # P16: why the core stopped, once it has
+        self._abandoned: set[int] = set()         # P16: effects requested before it stopped
         if self.config.publish:
             self._emit_live(ev.SESSION_CREATED)
             self._emit_live(ev.AGENT_CREATED, status="idle")
@@ -411,7 +411,7 @@ class AgentCore:
 
     @property
     def failure(self) -> ErrorInfo | None:
-        """P14: the internal failure that stopped the core, or None while it works."""
+        """P16: the internal failure that stopped the core, or None while it works."""
         return self._failure
 
     def queued_ids(self) -> tuple[str, ...]:
@@ -498,7 +498,7 @@ class AgentCore:
     def _command_commit(self, type_: str, data: JsonLike | Message, *,
                         surface_op: JsonLike = None,
                         source_event_seqs: Sequence[int] | None = None) -> Event:
-        """A command's append (P3, P14): the log's refusals as they are; any other failure of
+        """A command's append (P3, P16): the log's refusals as they are; any other failure of
         the append (nothing was appended, L2) raised as an `InvariantError`."""
         try:
             return self.log.commit(type_, data, surface_op=surface_op,
@@ -512,7 +512,7 @@ class AgentCore:
     def _check_live(self) -> None:
         if self._disposed:
             raise DisposedError("the agent is disposed; only dispose() may be called")
-        if self._failure is not None:                           # P14
+        if self._failure is not None:                           # P16
             raise CoreFailedError(f"the core stopped after an internal failure "
                                   f"({self._failure.message}); only dispose() may be called")
 
@@ -627,7 +627,7 @@ class AgentCore:
             raise ProtocolError(f"effect id must be an integer, not {shown(effect)}")
         record = self._effects.get(effect)
         if record is None:
-            if effect in self._abandoned:                       # P14: accepted, dropped
+            if effect in self._abandoned:                       # P16: accepted, dropped
                 if kind != "chunk":
                     self._abandoned.discard(effect)
                     self._done_effects.add(effect)
@@ -702,7 +702,7 @@ class AgentCore:
                 try:
                     if not self._advance_idle():
                         return None
-                except Exception as error:      # P14: never escapes, never half-advanced
+                except Exception as error:      # P16: never escapes, never half-advanced
                     self._stop(error)
                 continue
             sent: _Mail | None = None
@@ -716,7 +716,7 @@ class AgentCore:
             except StopIteration:
                 self._proc = None
                 continue
-            except Exception as error:          # P14: the loop cannot go on
+            except Exception as error:          # P16: the loop cannot go on
                 self._stop(error)
                 continue
             if isinstance(yielded, _Wait):
@@ -734,7 +734,7 @@ class AgentCore:
         return outputs
 
     def _stop(self, error: Exception) -> None:
-        """P14: the loop failed where it could not fail a turn in order (a closing append
+        """P16: the loop failed where it could not fail a turn in order (a closing append
         refused twice, or a failure outside any turn): the core stops. Its machines are reset
         (so the status is idle), what it waited for is abandoned (later completions are
         accepted and dropped), pending input stays pending until dispose() reports it, and
@@ -938,7 +938,7 @@ class AgentCore:
                 context, _ = self.outbox.front
                 try:
                     durable = self._commit(ev.USER_MESSAGE, context, surface=True)
-                except Exception as error:              # P14: the context stays staged
+                except Exception as error:              # P16: the context stays staged
                     yield self._warn(f"staged context could not be written: "
                                      f"{internal_error(error).message}")
                     break
@@ -963,7 +963,7 @@ class AgentCore:
             turn = self._turn
             try:
                 started = self._commit(ev.TURN_START, {"turn": turn, "trigger": trigger})  # R8.2
-            except Exception as error:                            # P14: no turn at all
+            except Exception as error:                            # P16: no turn at all
                 yield from self._not_started(error)
                 return
             yield started
@@ -977,7 +977,7 @@ class AgentCore:
                 yield from self._steps()                          # R8.4-R8.5
             except (_Aborted, _Failure) as failure:               # R8.6
                 yield from self._fail_turn(turn, failure)
-            except Exception as error:                            # P14: fails the turn
+            except Exception as error:                            # P16: fails the turn
                 yield from self._fail_turn(turn, _Failure(internal_error(error)))
             self.window.fire("end_run")                           # R8.7
             self.lifecycle.fire("close")
@@ -1008,7 +1008,7 @@ class AgentCore:
         yield from self._classify(failure)
 
     def _closing(self, type_: str, turn: int) -> _Proc:
-        """P14: an append that closes the turn (its step/end or turn/end). If the log refuses
+        """P16: an append that closes the turn (its step/end or turn/end). If the log refuses
         it, that refusal becomes the turn's failure (R15: agent/error, an error reason) and
         the append is tried once more, with the new reason; a second refusal stops the core."""
         try:
@@ -1024,7 +1024,7 @@ class AgentCore:
         return {"turn": turn, "step": self._step}
 
     def _not_started(self, error: Exception) -> _Proc:
-        """P14: the log refused the run's turn/start (a direct append left a turn open, say):
+        """P16: the log refused the run's turn/start (a direct append left a turn open, say):
         there is no turn; the run ends with a warning, its prompt and contexts unwritten, and
         continue-or-idle follows (as after a rejected admission)."""
         self.window.fire("end_run")
@@ -1301,7 +1301,7 @@ class AgentCore:
                                                          "message": frozen_message(message)},
                                    surface=True)
             else:
-                # P14: taken once written, so a refused append leaves the context staged.
+                # P16: taken once written, so a refused append leaves the context staged.
                 durable = self._commit(ev.USER_MESSAGE, message, surface=True)
                 self.outbox.take()
                 yield durable

@@ -69,7 +69,7 @@ class CodecError(ValidationError):
 
 
 class CoreFailedError(ProtocolError):
-    """The core stopped after an internal failure it could not contain (rule P14): only
+    """The core stopped after an internal failure it could not contain (rule P16): only
     `dispose()` and the read-only state are available."""
 
     code = "CORE_FAILED"

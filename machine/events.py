@@ -111,7 +111,7 @@ class Event:
     def __post_init__(self) -> None:
         if not isinstance(self.type, str) or not self.type:
             raise ValidationError("event.type", "must be a non-empty string")
-        if type(self.type) is not str or not self.type.isascii():   # V22
+        if type(self.type) is not str or not self.type.isascii():   # V23
             object.__setattr__(self, "type", plain_text(self.type, "event.type"))
         if type(self.seq) is not int or self.seq < 0:
             raise ValidationError("event.seq", "must be a non-negative integer")
@@ -261,7 +261,7 @@ class LiveEvent:
     def __post_init__(self) -> None:
         if not isinstance(self.type, str) or not self.type:
             raise ValidationError("live.type", "must be a non-empty string")
-        if type(self.type) is not str or not self.type.isascii():   # V22
+        if type(self.type) is not str or not self.type.isascii():   # V23
             object.__setattr__(self, "type", plain_text(self.type, "live.type"))
         payload: Frozen = self.payload
         if type(payload) is not FrozenDict:  # Why: frozen by construction (see Event)

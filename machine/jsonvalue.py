@@ -1,8 +1,8 @@
-"""Frozen JSON values (rules V1, V2, V22).
+"""Frozen JSON values (rules V1, V2, V23).
 
 Every value the library stores is a *frozen JSON value*: ``None``, ``bool``,
 ``int``, finite ``float``, ``str`` (Unicode scalar values only: no lone
-surrogates, rule V22), a `FrozenList` of frozen values, or a `FrozenDict` with
+surrogates, rule V23), a `FrozenList` of frozen values, or a `FrozenDict` with
 ``str`` keys. `freeze` validates a caller's value (JSON compatibility, rule
 V1) and returns a deep immutable snapshot (rule V2); `thaw` turns a frozen
 value back into plain lists and dicts.
@@ -52,7 +52,7 @@ _SCALARS: Final = _scalar_types()
 
 
 def _text_ok(text: str) -> bool:
-    """V22: *text* holds no lone surrogate (it is encodable as UTF-8)."""
+    """V23: *text* holds no lone surrogate (it is encodable as UTF-8)."""
     if text.isascii():
         return True
     try:
@@ -72,7 +72,7 @@ def _surrogate_problem(text: str) -> str:
 
 def plain_text(value: str, path: str) -> str:
     """*value* as a plain ``str`` (a subclass is converted), refused with a
-    `NotJsonCompatibleError` naming *path* when it holds a lone surrogate (rule V22)."""
+    `NotJsonCompatibleError` naming *path* when it holds a lone surrogate (rule V23)."""
     text = value if type(value) is str else str.__str__(value)
     if text.isascii() or _text_ok(text):
         return text
@@ -80,7 +80,7 @@ def plain_text(value: str, path: str) -> str:
 
 
 def scrub_text(text: str) -> str:
-    """*text* with every lone surrogate replaced by U+FFFD (rule V22: for text the library
+    """*text* with every lone surrogate replaced by U+FFFD (rule V23: for text the library
     takes from elsewhere, such as an exception's message, rather than accepts from a caller)."""
     text = text if type(text) is str else str.__str__(text)
     if text.isascii() or _text_ok(text):
@@ -388,7 +388,7 @@ JsonLike: TypeAlias = Any
 def freeze(value: JsonLike, path: str = "value", *, max_depth: int | None = MAX_DEPTH) -> Frozen:
     """Validate that *value* is JSON-compatible and return a frozen deep copy.
 
-    Raises `NotJsonCompatibleError` naming the first offending path (rules V1, V22).
+    Raises `NotJsonCompatibleError` naming the first offending path (rules V1, V23).
     Lists and `FrozenList`s are arrays; tuples, sets, bytes, NaN, infinities,
     non-string keys, strings holding a lone surrogate, cycles, nesting deeper than
     *max_depth* and other objects are refused. A frozen container is returned as it is

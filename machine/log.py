@@ -842,7 +842,7 @@ def _message_mapping(message: Message) -> FrozenDict:
 
 
 def _event_type(type_: object) -> str:
-    """L3, V22: the event type as a plain non-empty str without lone surrogates."""
+    """L3, V23: the event type as a plain non-empty str without lone surrogates."""
     if type(type_) is not str:
         if not isinstance(type_, str):
             _fail("L3", "the event type must be a non-empty string")

@@ -320,7 +320,7 @@ class Message:
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
             raise ValidationError("message.id", "must be a non-empty string")
-        object.__setattr__(self, "id", plain_text(self.id, "message.id"))   # V22
+        object.__setattr__(self, "id", plain_text(self.id, "message.id"))   # V23
         if not isinstance(self.role, str) or self.role not in ROLES:
             raise ValidationError("message.role",
                                   f"{shown(self.role)} is not one of user, assistant, system")
@@ -562,7 +562,7 @@ class LlmFailure:
         for name, attribute in (("message", "message"), ("code", "code"),
                                 ("requestId", "request_id")):
             text = getattr(self, attribute)
-            if text is not None:                                          # V22
+            if text is not None:                                          # V23
                 object.__setattr__(self, attribute, plain_text(text, f"failure.{name}"))
 
     def with_message(self, message: str) -> LlmFailure:
@@ -593,7 +593,7 @@ class LlmFailure:
 
 
 def _message_of(exc: BaseException) -> str:
-    """An exception's own message, lone surrogates replaced (V22: an exception's text, say
+    """An exception's own message, lone surrogates replaced (V23: an exception's text, say
     an OSError's file name, is described, not refused)."""
     try:
         return scrub_text(str(exc))
@@ -631,7 +631,7 @@ class ErrorInfo:
             raise ValidationError("error.causes", "must be a list of strings")
         if self.failure is not None and not isinstance(self.failure, LlmFailure):
             raise ValidationError("error.failure", "must be an LlmFailure")
-        object.__setattr__(self, "message", plain_text(self.message, "error.message"))  # V22
+        object.__setattr__(self, "message", plain_text(self.message, "error.message"))  # V23
         object.__setattr__(self, "name", plain_text(self.name, "error.name"))
         if self.code is not None:
             object.__setattr__(self, "code", plain_text(self.code, "error.code"))
@@ -692,8 +692,8 @@ class ErrorInfo:
 
 def minted_id(mint: Callable[[str, int], str], kind: str, seq: int) -> str:
     """P12: the id *mint* gives the message that the event at *seq* records. It must be a
-    non-empty string (V22 applies); anything else, or a mint that raises, is an internal
-    failure of the loop (P14): this raises a `ValidationError` naming ``mint_id``."""
+    non-empty string (V23 applies); anything else, or a mint that raises, is an internal
+    failure of the loop (P16): this raises a `ValidationError` naming ``mint_id``."""
     minted = mint(kind, seq)
     if type(minted) is not str and not isinstance(minted, str):
         raise ValidationError("mint_id", f"returned a {type(minted).__name__}, not a "
@@ -703,12 +703,12 @@ def minted_id(mint: Callable[[str, int], str], kind: str, seq: int) -> str:
     return plain_text(minted, "mint_id")
 
 
-#: The code of an internal failure of the loop (rule P14).
+#: The code of an internal failure of the loop (rule P16).
 INTERNAL_ERROR: Final = "INTERNAL_ERROR"
 
 
 def internal_error(error: BaseException) -> ErrorInfo:
-    """P14: the error an internal failure of the loop is reported with: name
+    """P16: the error an internal failure of the loop is reported with: name
     ``InternalError``, code ``INTERNAL_ERROR``, and a message naming what failed."""
     described = ErrorInfo.from_exception(error)
     detail = described.rendered() if described.message or described.causes else ""
@@ -830,7 +830,7 @@ class Block:
     def __post_init__(self) -> None:
         if not isinstance(self.reason, str):
             raise ValidationError("decision.reason", "must be a string")
-        object.__setattr__(self, "reason", plain_text(self.reason, "decision.reason"))  # V22
+        object.__setattr__(self, "reason", plain_text(self.reason, "decision.reason"))  # V23
 
     def to_json(self) -> dict[str, JsonLike]:
         return {"kind": "block", "reason": self.reason}
@@ -1031,7 +1031,7 @@ class TurnEndReason:
                                   "an error reason needs a failure or a string message")
         if self.code is not None and not isinstance(self.code, str):
             raise ValidationError("reason.code", "must be a string")
-        object.__setattr__(self, "message", plain_text(self.message, "reason.message"))  # V22
+        object.__setattr__(self, "message", plain_text(self.message, "reason.message"))  # V23
         if self.code is not None:
             object.__setattr__(self, "code", plain_text(self.code, "reason.code"))
 

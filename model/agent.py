@@ -173,7 +173,7 @@ class _EffectRecord:
 
     kind: str
     done: bool = False  # a terminal completion arrived, or the stream was released (P5, P10)
-    abandoned: bool = False  # outstanding when the model stopped (P14): completions dropped
+    abandoned: bool = False  # outstanding when the model stopped (P16): completions dropped
 
 
 @dataclass
@@ -355,7 +355,7 @@ class ModelAgent:
         self._prior_failures: list[LlmFailure] = []
         self._disposing = False
         self._disposed = False
-        self._failure: ErrorInfo | None = None  # P14: set when the loop stopped
+        self._failure: ErrorInfo | None = None  # P16: set when the loop stopped
         # The turn being run (§8.1).
         self._turn = 0
         self._step = 0
@@ -433,7 +433,7 @@ class ModelAgent:
 
     @property
     def failure(self) -> ErrorInfo | None:
-        """P14: the internal failure that stopped the loop, or None."""
+        """P16: the internal failure that stopped the loop, or None."""
         return self._failure
 
     @property
@@ -569,14 +569,14 @@ class ModelAgent:
             self._proc = None
             self._waiting = None
             return True
-        except Exception as error:  # P14: the loop cannot go on; the model stops
+        except Exception as error:  # P16: the loop cannot go on; the model stops
             self._stop(error)
             return True
         self._waiting = yielded.effects if isinstance(yielded, _Wait) else None
         return True
 
     def _stop(self, error: Exception) -> None:
-        """P14: the loop failed outside any turn it could still fail in order: the model
+        """P16: the loop failed outside any turn it could still fail in order: the model
         stops. Nothing is waited for any more (the outstanding effects are abandoned:
         their completions are accepted and dropped); a disposing agent discards what is
         queued (§17); busy, the window and a pending wake or retry are cleared;
@@ -627,7 +627,7 @@ class ModelAgent:
     def resolve(self, effect: int, value: JsonLike = None) -> None:
         """P4, P6, P10: buffer a ``resolve``; refused for a model effect."""
         record = self._record(effect)
-        if record.abandoned:  # P14: accepted and dropped
+        if record.abandoned:  # P16: accepted and dropped
             record.abandoned = False
             return
         if record.kind == MODEL:
@@ -640,7 +640,7 @@ class ModelAgent:
         if not isinstance(error, ErrorInfo):
             raise ProtocolError("raise needs an ErrorInfo")
         record = self._record(effect)
-        if record.abandoned:  # P14
+        if record.abandoned:  # P16
             record.abandoned = False
             return
         record.done = True
@@ -649,7 +649,7 @@ class ModelAgent:
     def chunk(self, effect: int, chunk: JsonLike) -> None:
         """P4, P6, P10: buffer a model chunk."""
         record = self._record(effect)
-        if record.abandoned:  # P14: the stream goes on; its chunks are dropped
+        if record.abandoned:  # P16: the stream goes on; its chunks are dropped
             return
         if record.kind != MODEL:
             raise ProtocolError(f"effect {effect} is not a model call")
@@ -658,7 +658,7 @@ class ModelAgent:
     def end(self, effect: int) -> None:
         """P4, P6, P10: buffer the end of a model stream."""
         record = self._record(effect)
-        if record.abandoned:  # P14
+        if record.abandoned:  # P16
             record.abandoned = False
             return
         if record.kind != MODEL:
@@ -703,7 +703,7 @@ class ModelAgent:
         """§17.3, P10: after teardown every command but dispose raises."""
         if self._disposed:
             raise DisposedError("the agent is disposed")
-        if self._failure is not None:  # P14
+        if self._failure is not None:  # P16
             raise CoreFailedError(f"the core stopped after an internal failure "
                                   f"({self._failure.message}); only dispose() may be called")
 
@@ -846,7 +846,7 @@ class ModelAgent:
 
     def _command_append(self, type_: str, data: JsonLike, surface_op: JsonLike = None,
                         source_event_seqs: Sequence[int] | None = None) -> Event:
-        """P3, P14: a command's append; a failure of it other than the log's own refusal is
+        """P3, P16: a command's append; a failure of it other than the log's own refusal is
         raised as an InvariantError (nothing was appended)."""
         try:
             event = self.log.append(type_, data, surface_op=surface_op,
@@ -985,7 +985,7 @@ class ModelAgent:
             while self._outbox:
                 try:
                     self._append(USER_MESSAGE, _message_json(self._outbox[0].message))
-                except Exception as error:  # P14: the context stays staged
+                except Exception as error:  # P16: the context stays staged
                     self._warn("staged context could not be written: "
                                f"{internal_error(error).message}")
                     yield None
@@ -1004,7 +1004,7 @@ class ModelAgent:
         self._prior_failures = []
         while True:
             started = yield from self._run(trigger, admitted, inherited)
-            if not started:  # P14: no turn, so nothing to flush or settle
+            if not started:  # P16: no turn, so nothing to flush or settle
                 return
             yield from self._flush()
             if self._pending_retry:  # §12.5
@@ -1029,7 +1029,7 @@ class ModelAgent:
 
     def _run(self, trigger: dict[str, JsonLike], admitted: list[Message], inherited: int
              ) -> Generator[_Wait | None, Completion | None, bool]:
-        """§8.1–§8.7: one turn. False when its turn/start could not be written (P14)."""
+        """§8.1–§8.7: one turn. False when its turn/start could not be written (P16)."""
         controller = self._new_controller()  # §8.1
         self._owner = controller
         self._window = True
@@ -1041,7 +1041,7 @@ class ModelAgent:
         try:
             self._append(TURN_START, {"turn": self._turn, "trigger": trigger})  # §8.2
         except Exception as error:
-            # P14: the log refused the turn/start (a direct append left a turn open): there
+            # P16: the log refused the turn/start (a direct append left a turn open): there
             # is no turn; a warning, and continue-or-idle as after a rejected admission.
             self._window = False
             self._owner = None
@@ -1061,7 +1061,7 @@ class ModelAgent:
             yield from self._step_loop(controller)
         except _Stop as stop:
             yield from self._fail(controller, stop)
-        except Exception as error:  # P14: an internal failure fails the turn (§15.3)
+        except Exception as error:  # P16: an internal failure fails the turn (§15.3)
             yield from self._fail(controller, _Stop("generic", internal_error(error)))
         self._window = False  # §8.7
         yield from self._closing(controller, TURN_END)
@@ -1069,7 +1069,7 @@ class ModelAgent:
         return True
 
     def _closing(self, controller: _Controller, type_: str) -> Proc:
-        """P14: ``step/end`` or ``turn/end`` closing the turn. A refusal by the log becomes
+        """P16: ``step/end`` or ``turn/end`` closing the turn. A refusal by the log becomes
         the turn's failure (§15) and the append is tried once more; a second refusal
         propagates (and stops the model)."""
         def data() -> dict[str, JsonLike]:
@@ -1174,7 +1174,7 @@ class ModelAgent:
                 yield None
             else:
                 self._append(USER_MESSAGE, _message_json(staged.message))
-                self._outbox.pop(0)  # P14: taken once written (a refusal leaves it staged)
+                self._outbox.pop(0)  # P16: taken once written (a refusal leaves it staged)
                 yield None
         return took_steering
 

@@ -1,4 +1,4 @@
-"""The hostile-input property suite (issue 14, "Done when"; V1, V2, V6, V22, P3, P6, P10, P14).
+"""The hostile-input property suite (issue 14, "Done when"; V1, V2, V6, V23, P3, P6, P10, P16).
 
 A Hypothesis state machine drives every public command (send and its presets, cancel,
 dispose, append) and every completion (resolve, raise, chunk, end) with malformed, deeply

@@ -1,4 +1,4 @@
-"""Values however they were built: V1, V2, V6, V22, and the snapshot of completions (P6).
+"""Values however they were built: V1, V2, V6, V23, and the snapshot of completions (P6).
 
 Regressions of issue 14 (an adversarial pass): an already-frozen value bypassed V1's depth
 bound and crashed the loop; hand-built frozen containers carried NaN; completion values
@@ -374,7 +374,7 @@ def test_V1_an_object_whose_repr_raises_is_refused_by_its_type() -> None:
 
 
 # --------------------------------------------------------------------------
-# V22: lone surrogates
+# V23: lone surrogates
 # --------------------------------------------------------------------------
 
 SURROGATE_PATHS = [
@@ -389,7 +389,7 @@ SURROGATE_PATHS = [
 @pytest.mark.parametrize("agent_type", [AgentCore, ModelAgent])
 @pytest.mark.parametrize(("where", "build", "path"), SURROGATE_PATHS,
                          ids=[case[0] for case in SURROGATE_PATHS])
-def test_V22_a_lone_surrogate_is_refused_at_acceptance_naming_the_path(
+def test_V23_a_lone_surrogate_is_refused_at_acceptance_naming_the_path(
         agent_type: type, where: str, build: Any, path: str) -> None:
     agent = agent_type()
     agent.drain_outputs()
@@ -400,13 +400,13 @@ def test_V22_a_lone_surrogate_is_refused_at_acceptance_naming_the_path(
     assert agent.drain_outputs() == []
 
 
-def test_V22_a_surrogate_pair_spelled_as_escapes_is_one_character_and_fine() -> None:
+def test_V23_a_surrogate_pair_spelled_as_escapes_is_one_character_and_fine() -> None:
     text = json.loads('"\\ud83d\\ude00"')
     assert text == "\U0001F600"
     assert freeze({"t": text}) == {"t": text}
 
 
-def test_V22_every_string_field_refuses_lone_surrogates() -> None:
+def test_V23_every_string_field_refuses_lone_surrogates() -> None:
     with pytest.raises(NotJsonCompatibleError, match=r"error\.message"):
         ErrorInfo("bad \ud800")
     with pytest.raises(NotJsonCompatibleError, match=r"error\.causes\[0\]"):
@@ -421,7 +421,7 @@ def test_V22_every_string_field_refuses_lone_surrogates() -> None:
         Message("m\ud800", "user", [], {"kind": "user"})  # type: ignore[arg-type]
 
 
-def test_V22_text_taken_from_an_exception_is_scrubbed_not_refused() -> None:
+def test_V23_text_taken_from_an_exception_is_scrubbed_not_refused() -> None:
     name = b"caf\xe9".decode("utf-8", "surrogateescape")   # as os.listdir gives it
     error = RuntimeError(f"cannot open {name}")
     error.__cause__ = ValueError(name)
@@ -431,7 +431,7 @@ def test_V22_text_taken_from_an_exception_is_scrubbed_not_refused() -> None:
     info.to_json()["message"].encode("utf-8")
 
 
-def test_V22_a_raised_completion_with_an_undecodable_file_name_fails_the_turn_cleanly() -> None:
+def test_V23_a_raised_completion_with_an_undecodable_file_name_fails_the_turn_cleanly() -> None:
     name = b"caf\xe9".decode("utf-8", "surrogateescape")
     s = Scenario()
     s.handle("step", lambda _e: ("raise", ErrorInfo.from_exception(RuntimeError(name))))

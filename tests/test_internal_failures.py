@@ -1,4 +1,4 @@
-"""Internal failures of the loop (P14) and the loop's own records (R20.4).
+"""Internal failures of the loop (P16) and the loop's own records (R20.4).
 
 Issue 14.1: an accepted value later made the loop raise inside ``next_output()``; the core
 was left running with a ``turn/start`` and no end, the message was nowhere, and
@@ -236,7 +236,7 @@ def _check_run(run: Run) -> None:
         run.monitor.poll(quiet=True)        # R20.1b, R20.1c: nothing accepted is lost
 
 
-def test_P14_the_fault_free_session_covers_every_kind_of_append() -> None:
+def test_P16_the_fault_free_session_covers_every_kind_of_append() -> None:
     run = Run(new(AgentCore))
     run.session()
     types = {o.event.type for o in run.outputs if isinstance(o, Durable)}
@@ -251,7 +251,7 @@ def test_P14_the_fault_free_session_covers_every_kind_of_append() -> None:
 
 
 @pytest.mark.parametrize("at", range(COMMITS))
-def test_P14_a_failure_at_any_append_fails_the_turn_in_order(at: int) -> None:
+def test_P16_a_failure_at_any_append_fails_the_turn_in_order(at: int) -> None:
     """One injected failure at append number *at*: no exception escapes, the turn it hit
     ends (with the internal error when it was inside a turn), nothing accepted is lost,
     dispose completes, and the model agrees output for output."""
@@ -279,7 +279,7 @@ def test_P14_a_failure_at_any_append_fails_the_turn_in_order(at: int) -> None:
 
 
 @pytest.mark.parametrize("start", [3, 12, COMMITS // 2, COMMITS - 6])
-def test_P14_appends_that_fail_for_good_stop_the_core_cleanly(start: int) -> None:
+def test_P16_appends_that_fail_for_good_stop_the_core_cleanly(start: int) -> None:
     """From append *start* on every append fails (a broken clock, say): the core stops with
     agent/error, commands raise CoreFailedError, completions of what it waited for are
     accepted, and dispose() reports what is pending and completes."""
@@ -316,7 +316,7 @@ def _commit_types() -> list[str]:
     return types
 
 
-def test_P14_a_stopped_core_refuses_commands_and_accepts_late_completions() -> None:
+def test_P16_a_stopped_core_refuses_commands_and_accepts_late_completions() -> None:
     """Appends fail for good from the first tool/result on, while the second call of the
     parallel pair still executes: the turn fails, its turn/end is refused twice, the core
     stops; the late completion of that execute is accepted and dropped, a second one is a
@@ -360,13 +360,13 @@ def test_P14_a_stopped_core_refuses_commands_and_accepts_late_completions() -> N
         run.monitor.poll(quiet=True)
 
 
-def test_P14_completions_of_abandoned_effects_are_accepted_once() -> None:
+def test_P16_completions_of_abandoned_effects_are_accepted_once() -> None:
     core = new(AgentCore)
     core.drain_outputs()
     core.followup(user("go", "p1"))
     effects = [o for o in core.drain_outputs() if isinstance(o, Effect)]
     (tick,) = effects
-    core._stop(RuntimeError("simulated"))        # the P14 stop, as the net calls it
+    core._stop(RuntimeError("simulated"))        # the P16 stop, as the net calls it
     core.resolve(tick.id, None)                  # accepted and dropped
     with pytest.raises(ProtocolError, match="already completed"):
         core.resolve(tick.id, None)
@@ -380,7 +380,7 @@ def test_P14_completions_of_abandoned_effects_are_accepted_once() -> None:
     assert core.disposed
 
 
-def test_P14_a_broken_clock_stops_the_core_and_dispose_still_completes() -> None:
+def test_P16_a_broken_clock_stops_the_core_and_dispose_still_completes() -> None:
     broken = {"now": False}
 
     def clock() -> float:
@@ -420,7 +420,7 @@ def test_P14_a_broken_clock_stops_the_core_and_dispose_still_completes() -> None
 
 
 @pytest.mark.parametrize("agent_type", [AgentCore, ModelAgent])
-def test_P14_a_mint_function_that_misbehaves_fails_the_turn(agent_type: type) -> None:
+def test_P16_a_mint_function_that_misbehaves_fails_the_turn(agent_type: type) -> None:
     calls = {"n": 0}
 
     def mint(kind: str, seq: int) -> str:
@@ -445,7 +445,7 @@ def test_P14_a_mint_function_that_misbehaves_fails_the_turn(agent_type: type) ->
     assert agent.failure is None and agent.status == "idle"
 
 
-def test_P14_machine_and_model_agree_on_a_misbehaving_mint() -> None:
+def test_P16_machine_and_model_agree_on_a_misbehaving_mint() -> None:
     def mint(kind: str, seq: int) -> str:
         return "" if seq % 2 else f"{kind}:{seq}"
 
@@ -457,7 +457,7 @@ def test_P14_machine_and_model_agree_on_a_misbehaving_mint() -> None:
 
 
 @pytest.mark.parametrize("agent_type", [AgentCore, ModelAgent])
-def test_P14_an_extension_rule_that_raises_refuses_the_append_typed(agent_type: type) -> None:
+def test_P16_an_extension_rule_that_raises_refuses_the_append_typed(agent_type: type) -> None:
     log = SessionLog()
 
     def rule(_log: SessionLog, _type: str, _data: Any) -> str | None:
@@ -503,7 +503,7 @@ def test_R20_4_loop_records_are_refused_while_busy_and_the_log_judges_them_idle(
 
 
 @pytest.mark.parametrize("agent_type", [AgentCore, ModelAgent])
-def test_P14_a_turn_left_open_by_direct_appends_keeps_a_run_from_starting(
+def test_P16_a_turn_left_open_by_direct_appends_keeps_a_run_from_starting(
         agent_type: type) -> None:
     agent = agent_type(clock=lambda: 1)
     agent.drain_outputs()
@@ -532,7 +532,7 @@ def test_P14_a_turn_left_open_by_direct_appends_keeps_a_run_from_starting(
 
 
 @pytest.mark.parametrize("at", range(0, COMMITS, 3))
-def test_P14_an_encoder_that_fails_at_an_append_is_a_typed_refusal_handled_in_order(
+def test_P16_an_encoder_that_fails_at_an_append_is_a_typed_refusal_handled_in_order(
         at: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The encoder (run by every append, L1) raises RecursionError at one append: the log
     refuses that append with [L3] and changes nothing; the loop handles it as above."""
@@ -562,7 +562,7 @@ def test_P14_an_encoder_that_fails_at_an_append_is_a_typed_refusal_handled_in_or
     assert "the event could not be encoded (RecursionError)" in texts
 
 
-def test_P14_through_the_runtime_a_hostile_value_is_refused_and_a_failure_never_hangs() -> None:
+def test_P16_through_the_runtime_a_hostile_value_is_refused_and_a_failure_never_hangs() -> None:
     """Issue 14.1 through the asyncio runtime: the deep value is refused at the call (and
     when_idle completes); a clock that breaks in the middle of a turn fails it, then stops
     the core, and when_idle() and dispose() still complete."""

@@ -176,7 +176,7 @@ def test_log_help_lists_the_store_subcommands(capsys: pytest.CaptureFixture[str]
         assert name in out
 
 
-def test_S22_V22_show_json_of_a_stored_lone_surrogate_reports_damage_without_a_traceback(
+def test_S22_V23_show_json_of_a_stored_lone_surrogate_reports_damage_without_a_traceback(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 14.5: a lone surrogate stored by an earlier release crashed `log show --json`
     (a traceback, and an empty export that validated as 'OK (0 events)'). A record holding
@@ -215,7 +215,7 @@ def test_S22_fork_refuses_a_negative_boundary_as_usage(jsonl: Path,
     assert "argument --at: '-1': must be 0 or more" in capsys.readouterr().err
 
 
-def test_S25_show_on_an_unreadable_session_names_the_cause(
+def test_S32_show_on_an_unreadable_session_names_the_cause(
         jsonl: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
     import os

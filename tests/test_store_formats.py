@@ -1,5 +1,5 @@
-"""Session identity and format versions (S8, S23), zero-filled tails (S9), streamed loads
-(S24) and typed storage failures (S25), on both backends where they apply.
+"""Session identity and format versions (S8, S30), zero-filled tails (S9), streamed loads
+(S31) and typed storage failures (S32), on both backends where they apply.
 
 Regressions of issue 14: a record copied from another session with the same seq loaded
 clean; a NUL-only tail was cut as a torn record; a 1 GB session took 8 GiB to load; a
@@ -63,11 +63,11 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable
 
 
 # --------------------------------------------------------------------------
-# S8, S23: every session has an identity, and its records' checksums cover it
+# S8, S30: every session has an identity, and its records' checksums cover it
 # --------------------------------------------------------------------------
 
 
-def test_S23_new_sessions_are_format_version_2_with_a_fresh_uid(
+def test_S30_new_sessions_are_format_version_2_with_a_fresh_uid(
         backend: Callable[[], BaseStore[Any]]) -> None:
     store = backend()
     one = store.create("one")
@@ -91,7 +91,7 @@ def _copy_record_between_sessions_jsonl(root: Path, seq: int) -> None:
     (root / "b.jsonl").write_bytes(b"".join(target))
 
 
-def test_S23_a_record_copied_from_another_session_is_damage_jsonl(tmp_path: Path) -> None:
+def test_S30_a_record_copied_from_another_session_is_damage_jsonl(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     with JsonlStore(root, fsync=False) as store:
         store_events(store, "a", EVENTS)
@@ -105,7 +105,7 @@ def test_S23_a_record_copied_from_another_session_is_damage_jsonl(tmp_path: Path
         assert list(store.load("a").events) == EVENTS         # the source is untouched
 
 
-def test_S23_a_row_copied_from_another_session_is_damage_sqlite(tmp_path: Path) -> None:
+def test_S30_a_row_copied_from_another_session_is_damage_sqlite(tmp_path: Path) -> None:
     path = tmp_path / "sessions.db"
     with SqliteStore(path, fsync=False) as store:
         store_events(store, "a", EVENTS)
@@ -135,7 +135,7 @@ def _version_1_file(root: Path, session: str, events: list[Event]) -> bytes:
     return data
 
 
-def test_S23_version_1_sessions_are_read_repaired_and_appended_in_version_1(
+def test_S30_version_1_sessions_are_read_repaired_and_appended_in_version_1(
         tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     open_tail = sample_session(open_tail=True)
@@ -163,7 +163,7 @@ def test_S23_version_1_sessions_are_read_repaired_and_appended_in_version_1(
     ({"version": 2, "kind": "header", "session": "s", "uid": "XYZ"}, "uid"),
     ({"version": 1, "kind": "header", "session": "s", "uid": "0" * 32}, "has no uid"),
 ])
-def test_S23_a_header_whose_uid_does_not_fit_its_version_is_header_damage(
+def test_S30_a_header_whose_uid_does_not_fit_its_version_is_header_damage(
         tmp_path: Path, fields: dict[str, Any], problem: str) -> None:
     root = tmp_path / "sessions"
     root.mkdir()
@@ -174,7 +174,7 @@ def test_S23_a_header_whose_uid_does_not_fit_its_version_is_header_damage(
     assert raised.value.kind == "header"
 
 
-def test_S23_unknown_versions_are_refused_in_every_mode(tmp_path: Path) -> None:
+def test_S30_unknown_versions_are_refused_in_every_mode(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     root.mkdir()
     fields = {"version": 3, "kind": "header", "session": "s", "uid": "0" * 32}
@@ -236,7 +236,7 @@ def test_S9_zero_fill_after_the_start_of_a_record_is_still_torn(tmp_path: Path) 
 
 
 # --------------------------------------------------------------------------
-# S24: a load streams its records
+# S31: a load streams its records
 # --------------------------------------------------------------------------
 
 
@@ -255,7 +255,7 @@ def _large_session(root: Path, records: int, size: int) -> int:
     return (root / "big.jsonl").stat().st_size
 
 
-def test_S24_a_load_holds_about_the_log_not_a_multiple_of_the_file(tmp_path: Path) -> None:
+def test_S31_a_load_holds_about_the_log_not_a_multiple_of_the_file(tmp_path: Path) -> None:
     """tracemalloc counts every Python allocation (deterministically, whatever the load of
     the machine): loading a 6 MB session peaks near what the log keeps (the events' compact
     JSON texts, about the file size), where reading it whole took five times the file."""
@@ -273,7 +273,7 @@ def test_S24_a_load_holds_about_the_log_not_a_multiple_of_the_file(tmp_path: Pat
     assert peak < 1.6 * file_size, (peak, file_size)
 
 
-def test_S24_a_streamed_load_reports_the_same_as_parsing_the_whole_file(tmp_path: Path) -> None:
+def test_S31_a_streamed_load_reports_the_same_as_parsing_the_whole_file(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     with JsonlStore(root, fsync=False) as store:
         store_events(store, "s", sample_session(open_tail=True))
@@ -293,7 +293,7 @@ def test_S24_a_streamed_load_reports_the_same_as_parsing_the_whole_file(tmp_path
 
 
 # --------------------------------------------------------------------------
-# S25: storage failures are typed, with their real cause
+# S32: storage failures are typed, with their real cause
 # --------------------------------------------------------------------------
 
 
@@ -328,7 +328,7 @@ def _read_only_path_open(self: Path, mode: str = "r", *args: Any, **kwargs: Any)
     return _REAL_PATH_OPEN(self, mode, *args, **kwargs)
 
 
-def test_S25_jsonl_on_a_read_only_file_system(tmp_path: Path,
+def test_S32_jsonl_on_a_read_only_file_system(tmp_path: Path,
                                               read_only_fs: Callable[[], None]) -> None:
     root = tmp_path / "sessions"
     with JsonlStore(root, fsync=False) as store:
@@ -358,7 +358,7 @@ def test_S25_jsonl_on_a_read_only_file_system(tmp_path: Path,
     store.close()
 
 
-def test_S25_jsonl_salvage_on_a_read_only_file_system_changes_nothing(
+def test_S32_jsonl_salvage_on_a_read_only_file_system_changes_nothing(
         tmp_path: Path, read_only_fs: Callable[[], None]) -> None:
     root = tmp_path / "sessions"
     with JsonlStore(root, fsync=False) as store:
@@ -375,7 +375,7 @@ def test_S25_jsonl_salvage_on_a_read_only_file_system_changes_nothing(
     assert sorted(p.name for p in root.iterdir()) == before
 
 
-def test_S25_jsonl_a_full_disk_is_a_recovered_write_error(tmp_path: Path,
+def test_S32_jsonl_a_full_disk_is_a_recovered_write_error(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "sessions"
     store = JsonlStore(root, fsync=False)
@@ -395,7 +395,7 @@ def test_S25_jsonl_a_full_disk_is_a_recovered_write_error(tmp_path: Path,
     store.close()
 
 
-def test_S25_jsonl_an_unreadable_session_is_a_read_error(tmp_path: Path,
+def test_S32_jsonl_an_unreadable_session_is_a_read_error(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "sessions"
     with JsonlStore(root, fsync=False) as store:
@@ -421,7 +421,7 @@ def _read_only_connect(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sqlite3, "connect", connect)
 
 
-def test_S25_sqlite_read_only_is_not_reported_as_a_bad_database(
+def test_S32_sqlite_read_only_is_not_reported_as_a_bad_database(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "sessions.db"
     with SqliteStore(path, fsync=False) as store:
@@ -447,7 +447,7 @@ def test_S25_sqlite_read_only_is_not_reported_as_a_bad_database(
             store.release("s")                    # the final flush fails, typed
 
 
-def test_S25_sqlite_a_full_disk_is_a_write_error_with_its_cause(tmp_path: Path) -> None:
+def test_S32_sqlite_a_full_disk_is_a_write_error_with_its_cause(tmp_path: Path) -> None:
     path = tmp_path / "sessions.db"
     store = SqliteStore(path, fsync=False)
     store.create("s")
@@ -468,7 +468,7 @@ def test_S25_sqlite_a_full_disk_is_a_write_error_with_its_cause(tmp_path: Path) 
         assert len(again.load("s").events) == 1
 
 
-def test_S25_sqlite_not_a_database_is_still_named_so(tmp_path: Path) -> None:
+def test_S32_sqlite_not_a_database_is_still_named_so(tmp_path: Path) -> None:
     path = tmp_path / "notes.db"
     path.write_bytes(b"this is plain text, not SQLite" * 100)
     with pytest.raises(StoreError, match="not a session database"):

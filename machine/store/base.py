@@ -54,7 +54,7 @@ class StoredSession:
     ``info`` is the decoded header (None when it could not be decoded),
     ``torn_bytes`` the size of a torn final record (S9), ``valid_length`` the
     stored size without it, for formats measured in bytes. ``records`` may be a
-    one-pass iterator (JSONL streams its records, S24). ``uid`` is the identity the
+    one-pass iterator (JSONL streams its records, S31). ``uid`` is the identity the
     records were checked against (S8): the header's, or the one a damaged header still
     names; None for a version-1 session.
     """
@@ -328,7 +328,7 @@ class BaseStore(ABC, Generic[H]):
         stored = self._read(session_id)
         clock: list[float] = [0]
         analysis = Analysis(stored.header_damage, clock=lambda: clock[0])
-        for record in stored.records:       # one pass: JSONL streams them (S24)
+        for record in stored.records:       # one pass: JSONL streams them (S31)
             analysis.feed(record)
         log, damage = analysis.finish()
         kept = log.events                   # a view: nothing decoded twice

@@ -221,7 +221,7 @@ def _header_line(name: str, info: SessionInfo) -> str:
     if info.cwd is not None:
         parts.append(f"cwd {info.cwd}")
     if info.version == 1:
-        parts.append("format version 1 (its records carry no session identity, S23)")
+        parts.append("format version 1 (its records carry no session identity, S30)")
     return f"{name}: " + ", ".join(parts)
 
 

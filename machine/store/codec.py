@@ -3,7 +3,7 @@
 Format version 2 (the one written) gives every session an identity, the header's ``uid``,
 and keys every event record's checksum to it (`record_crc`): a record copied from another
 session fails its checksum there (S10). Version 1 sessions (no uid, plain checksums) are
-still read, and appended to in their own format (S23).
+still read, and appended to in their own format (S30).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ __all__ = ["FORMAT_VERSION", "READ_VERSIONS", "canonical", "decode_error", "deco
            "event_bytes", "header_bytes", "header_uid", "new_uid", "parse_header",
            "record_crc"]
 
-#: The format version this code writes (S8, S23).
+#: The format version this code writes (S8, S30).
 FORMAT_VERSION: Final = 2
 #: The format versions it reads.
 READ_VERSIONS: Final = frozenset({1, 2})
@@ -84,7 +84,7 @@ def parse_header(raw: bytes, session_id: str,
     """A header record: its info, or the damage that makes it unusable (S8, S10).
 
     Raises `UnsupportedFormatError` for an intact header of a version this code does not
-    read (S9, S23).
+    read (S9, S30).
     """
     try:
         value = json.loads(raw)

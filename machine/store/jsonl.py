@@ -13,7 +13,7 @@ version 2; a version-1 file has no uid and the CRC-32 of the text alone); the
 header's is the CRC-32 of the header object without its ``crc`` in the same
 canonical form. The file is only ever appended to (one ``write`` per append),
 and ``flush`` is ``fsync``. Creation and salvage write a complete temporary
-file and move it into place. A load streams the file (S24): it reads the
+file and move it into place. A load streams the file (S31): it reads the
 records one line at a time and keeps only what the log keeps.
 
 Every failure of the file system (a read-only file system, a full disk, a
@@ -179,7 +179,7 @@ def _end_of_last_line(file: BinaryIO, size: int) -> int:
 
 
 def _stream_jsonl(file: BinaryIO, session_id: str) -> StoredSession:
-    """`parse_jsonl` over an open file, in bounded memory (S24): the header and the final
+    """`parse_jsonl` over an open file, in bounded memory (S31): the header and the final
     line are read first, then the records are parsed one line at a time as the caller
     iterates them (the iterator closes the file). Takes ownership of *file*."""
     size = os.fstat(file.fileno()).st_size
@@ -424,7 +424,7 @@ class JsonlStore(BaseStore[_Handle]):
     @contextlib.contextmanager
     def _rewriting(self, session_id: str, what: str, after: str = "") -> Iterator[Path]:
         """A temporary file for writing a whole session (removed in any case); a failure of
-        the file system meanwhile is a `StoreWriteError` saying *what* failed and why (S25)."""
+        the file system meanwhile is a `StoreWriteError` saying *what* failed and why (S32)."""
         temporary = self._temporary(session_id)
         try:
             yield temporary

@@ -193,7 +193,7 @@ class RawRecord:
 
 
 class Analysis:
-    """S10–S11 one record at a time, so that a load streams its records (S24): the intact
+    """S10–S11 one record at a time, so that a load streams its records (S31): the intact
     prefix is replayed into a log as it is read, and every damage is collected.
 
     Record-level damage (checksum, decoding) is reported wherever it is. The first seq that

@@ -71,7 +71,7 @@ class SessionInfo:
         if self.cwd is not None:
             if not isinstance(self.cwd, str):
                 raise ValidationError("cwd", "must be a string or None")
-            object.__setattr__(self, "cwd", plain_text(self.cwd, "cwd"))    # V22
+            object.__setattr__(self, "cwd", plain_text(self.cwd, "cwd"))    # V23
         if self.uid is not None and (not isinstance(self.uid, str)
                                      or _UID.fullmatch(self.uid) is None):
             raise ValidationError("uid", "must be 32 lowercase hexadecimal digits or None")

@@ -505,11 +505,11 @@ def loop_records_while_busy() -> Session:
 
 
 @scenario("P-turn-cannot-start",
-          "P14 case 3: a turn that direct appends left open (the agent idle) keeps a later run "
+          "P16 case 3: a turn that direct appends left open (the agent idle) keeps a later run "
           "from opening its own: the log refuses that turn/start, so there is no turn; the "
           "agent warns 'the turn could not start: ...', writes neither the prompt nor a "
           "decision's contexts, flushes and settles nothing, and goes idle",
-          ["P14", "R20.4", "L4", "R12.7"], ["rule", "protocol"])
+          ["P16", "R20.4", "L4", "R12.7"], ["rule", "protocol"])
 def turn_cannot_start() -> Session:
     s = Session("never")
     s.core.append("turn/start", {"turn": 1, "trigger": {"kind": "retry"}})
