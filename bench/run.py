@@ -24,7 +24,8 @@ from typing import Any
 from bench.common import Section, load_text, machine_description
 
 ROOT = Path(__file__).resolve().parents[1]
-ITEMS = ("throughput", "runtime", "dispatch", "explore", "oracle", "stores", "memory")
+ITEMS = ("throughput", "runtime", "dispatch", "explore", "oracle", "stores", "memory",
+         "load-memory")
 
 
 def run_item(name: str, quick: bool, context: dict[str, Any], options: argparse.Namespace
@@ -53,6 +54,9 @@ def run_item(name: str, quick: bool, context: dict[str, Any], options: argparse.
     if name == "memory":
         from bench import memory
         return memory.run(quick)
+    if name == "load-memory":
+        from bench import load_memory
+        return load_memory.run(quick)
     raise ValueError(f"unknown item {name!r}; known: {', '.join(ITEMS)}")
 
 
@@ -151,6 +155,14 @@ def summary(sections: dict[str, Section]) -> list[str]:
         add("bytes per retained durable event", f"{min(events):,.0f}–{max(events):,.0f}")
         add("bytes per queued prompt / staged context",
             f"{figures['queued'][-1]:,.0f} / {figures['staged'][-1]:,.0f}")
+    if "load-memory" in sections:
+        figures = sections["load-memory"].figures
+        largest = {kind: max((key for key in figures if key.startswith(f"{kind}/")),
+                             key=lambda key: int(key.split("/")[1]), default=None)
+                   for kind in ("chunks", "messages")}
+        cells = [f"{kind} {figures[key]['file_bytes'] / 1e6:,.0f} MB: "
+                 f"{figures[key]['ratio']:.2f}" for kind, key in largest.items() if key]
+        add("JSONL load, resident memory growth ÷ file size", ", ".join(cells))
     return lines
 
 

@@ -46,6 +46,7 @@ FULL_APPENDS = 30_000
 QUICK_APPENDS = 300
 FULL_LOAD = 1_000_000
 QUICK_LOAD = 2_000
+UID = "0123456789abcdef" * 2     # the sessions' identity (format version 2, S30)
 
 
 def session_events(workload: str, events: int) -> list[Event]:
@@ -99,17 +100,18 @@ def _appends(store: BaseStore[Any], events: Sequence[Event]) -> float:
 
 
 def _bulk_jsonl(root: str, session: str, events: Sequence[Event], torn: bytes) -> None:
+    info = SessionInfo(session, uid=UID)
     with open(os.path.join(root, f"{session}.jsonl"), "wb") as handle:
-        handle.write(encode_header(SessionInfo(session)))
+        handle.write(encode_header(info))
         for event in events:
-            handle.write(encode_record(event))
+            handle.write(encode_record(event, info.uid))
         handle.write(torn)
 
 
 def _bulk_sqlite(path: str, session: str, events: Sequence[Event]) -> None:
     store = SqliteStore(path, fsync=False)
     try:
-        store._create(SessionInfo(session), events)   # the primitive create() and fork() use
+        store._create(SessionInfo(session, uid=UID), events)  # the primitive create() uses
     finally:
         store.close()
 
@@ -182,7 +184,7 @@ def run(quick: bool = False) -> Section:
         target = QUICK_LOAD if quick else FULL_LOAD
         crashed, history = crashed_session(target)
         torn = encode_record(Event("assistant/chunk", len(crashed), 0, FrozenDict({
-            "turn": 1, "step": 1, "chunk": FrozenDict({"type": "text", "text": "x"})})))[:25]
+            "turn": 1, "step": 1, "chunk": FrozenDict({"type": "text", "text": "x"})})), UID)[:25]
         load_rows: list[list[str]] = []
         jsonl_root = os.path.join(root, "load-jsonl")
         os.makedirs(jsonl_root)

@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 from machine.core import AgentCore, CoreConfig
 from machine.errors import (
     CodecError,
+    CoreFailedError,
     DisposedError,
     InvariantError,
     NotJsonCompatibleError,
@@ -40,7 +41,7 @@ from machine.vocabulary import (
 
 __all__ = [
     "FOLLOWUP", "INJECT", "STEER", "AgentCore", "CancelCause", "CodecError", "Control",
-    "CoreConfig", "DisposedError", "Durable", "Effect", "ErrorInfo", "Event", "FrozenDict",
+    "CoreConfig", "CoreFailedError", "DisposedError", "Durable", "Effect", "ErrorInfo", "Event", "FrozenDict",
     "FrozenList", "InvariantError", "Live", "LiveEvent", "LlmFailure", "Message",
     "NotJsonCompatibleError", "Output", "ProtocolError", "SendOptions", "SessionLog",
     "ToolResult", "TurnstileError", "ValidationError", "__version__", "freeze", "json_default",

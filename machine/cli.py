@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, TextIO
 
-from machine import __version__, diagrams, runner
+from machine import __version__, argtypes, diagrams, runner
 from machine.conformance import cli as conformance_cli
 from machine.junit import write_junit
 from machine.logfiles import EXIT_INVALID, EXIT_OK, EXIT_USAGE, junit_case, validate_file
@@ -216,7 +216,7 @@ def _configure_explore(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default="idle", choices=[*CONFIGURATIONS, "all"],
                         help="where to start: " + "; ".join(
                             f"{c.name}: {c.description}" for c in CONFIGURATIONS.values()))
-    parser.add_argument("--depth", type=int, default=None,
+    parser.add_argument("--depth", type=argtypes.count, default=None,
                         help="how many decisions (commands, effect answers, macro-decisions) "
                              "per path (default: the configuration's CI depth)")
     parser.add_argument("--commands", default=None,
@@ -225,7 +225,7 @@ def _configure_explore(parser: argparse.ArgumentParser) -> None:
                              "default: the configuration's)")
     parser.add_argument("--model", action="store_true",
                         help="also run the reference model and require identical outputs")
-    parser.add_argument("--seconds", type=float, default=None,
+    parser.add_argument("--seconds", type=argtypes.seconds, default=None,
                         help="stop after this many seconds (reported as a budget stop)")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
     parser.add_argument("--json", action="store_true",

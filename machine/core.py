@@ -47,7 +47,14 @@ from typing import Any, Final, Literal, TypeAlias
 
 from machine import decisions
 from machine import events as ev
-from machine.errors import DisposedError, ProtocolError, ValidationError
+from machine.errors import (
+    CoreFailedError,
+    DisposedError,
+    InvariantError,
+    ProtocolError,
+    TurnstileError,
+    ValidationError,
+)
 from machine.events import Event, LiveEvent
 from machine.io import (
     FLUSH,
@@ -78,7 +85,16 @@ from machine.io import (
     Resolve,
     Send,
 )
-from machine.jsonvalue import Frozen, FrozenDict, FrozenList, JsonLike, freeze, same_json
+from machine.jsonvalue import (
+    Frozen,
+    FrozenDict,
+    FrozenList,
+    JsonLike,
+    freeze,
+    same_json,
+    shown,
+    snapshot,
+)
 from machine.log import SessionLog
 from machine.machines import Inbox, Lifecycle, Outbox, Window
 from machine.vocabulary import (
@@ -96,7 +112,9 @@ from machine.vocabulary import (
     ToolResult,
     block_problem,
     decision_from_json,
+    internal_error,
     message_mapping,
+    minted_id,
     validate_chunk,
     validate_user_message,
 )
@@ -109,6 +127,12 @@ DISPOSED: Final = FrozenDict({"kind": "disposed"})
 MAX_TOKENS: Final = FrozenDict({"kind": "max-tokens"})
 RETRY_TRIGGER: Final = FrozenDict({"kind": "retry"})
 APPEND: Final = "append"
+
+#: R20.4: the event types the loop writes to structure its turns; while the core is busy a
+#: direct append of one of them is refused.
+LOOP_TYPES: Final = frozenset({ev.TURN_START, ev.TURN_END, ev.STEP_START, ev.STEP_END,
+                               ev.ASSISTANT_CHUNK, ev.ASSISTANT_MESSAGE, ev.TOOL_CALL,
+                               ev.TOOL_RESULT})
 
 ABD_ERROR: Final = FrozenDict({"name": "AbortError", "code": "ABORTED_BEFORE_DISPATCH"})
 ABD_TEXT: Final = "Error: tool call aborted before dispatch"
@@ -328,7 +352,7 @@ def frozen_message(message: Message) -> FrozenDict:
 
 
 def frozen_json(value: CancelCause | ErrorInfo | LlmFailure | ToolResult) -> FrozenDict:
-    # Why no depth bound: the parts were checked on entry; the wrapping adds a level (V1).
+    # Why the envelope bound: the parts were checked on entry; the wrapping adds a level (V1).
     frozen = freeze(value.to_json(), "value", max_depth=None)
     assert isinstance(frozen, FrozenDict)
     return frozen
@@ -414,6 +438,8 @@ class AgentCore:
         self._header_logged = False
         self._disposing = False
         self._disposed = False
+        self._failure: ErrorInfo | None = None    # P16: why the core stopped, once it has
+        self._abandoned: set[int] = set()         # P16: effects requested before it stopped
         if self.config.publish:
             self._emit_live(ev.SESSION_CREATED)
             self._emit_live(ev.AGENT_CREATED, status="idle")
@@ -464,6 +490,11 @@ class AgentCore:
     def disposed(self) -> bool:
         return self._disposed
 
+    @property
+    def failure(self) -> ErrorInfo | None:
+        """P16: the internal failure that stopped the core, or None while it works."""
+        return self._failure
+
     def queued_ids(self) -> tuple[str, ...]:
         """Ids of the queued inbox items, FIFO order."""
         return tuple(message_id for message_id, _ in self.inbox.snapshot())
@@ -492,27 +523,28 @@ class AgentCore:
     # ------------------------------------------------------------------
 
     def send(self, message: JsonLike, options: JsonLike) -> None:
-        """R5: validate (options first, then the message), snapshot, route."""
+        """R5: validate (options first, then the message), snapshot, route. (Each argument is
+        taken first, V6, so validating it runs none of the caller's code.)"""
         self._check_live()
-        opts = SendOptions.from_json(options)
-        self._route(validate_user_message(message), opts)
+        opts = SendOptions.from_json(snapshot(options))
+        self._route(validate_user_message(snapshot(message)), opts)
 
     def followup(self, message: JsonLike) -> None:
         self._check_live()
-        self._route(validate_user_message(message), FOLLOWUP)
+        self._route(validate_user_message(snapshot(message)), FOLLOWUP)
 
     def steer(self, message: JsonLike) -> None:
         self._check_live()
-        self._route(validate_user_message(message), STEER)
+        self._route(validate_user_message(snapshot(message)), STEER)
 
     def inject(self, message: JsonLike) -> None:
         self._check_live()
-        self._route(validate_user_message(message), INJECT)
+        self._route(validate_user_message(snapshot(message)), INJECT)
 
     def cancel(self, cause: JsonLike, keep_inbox: bool = False) -> None:
         """R16: cancel the current activity and (unless *keep_inbox*) what is pending."""
         self._check_live()
-        parsed = CancelCause.from_json(cause)
+        parsed = CancelCause.from_json(snapshot(cause))
         if not isinstance(keep_inbox, bool):
             raise ValidationError("keepInbox", "must be a bool")
         self._cancel(parsed, keep_inbox)
@@ -528,14 +560,42 @@ class AgentCore:
                source_event_seqs: Sequence[int] | None = None) -> Event:
         """A direct append by extension code (R20.2): checked, committed, delivered in order."""
         self._check_live()
-        event = self.log.commit(type, data, surface_op=surface_op,
-                                source_event_seqs=source_event_seqs)
+        if not isinstance(type, str):           # the log refuses it, typed (L3)
+            return self._emit_appended(self._command_commit(type, data, surface_op=surface_op,
+                                                            source_event_seqs=source_event_seqs))
+        type = str.__str__(type)                # a str subclass runs no code of its own here
+        if type in LOOP_TYPES and self.lifecycle.busy:          # R20.4
+            self.log.check(type, data, surface_op=surface_op,    # the log's own verdict first
+                           source_event_seqs=source_event_seqs)
+            raise InvariantError("R20.4", f"{type} is written by the loop itself: a direct "
+                                 "append of it is refused while the agent is busy")
+        return self._emit_appended(self._command_commit(type, data, surface_op=surface_op,
+                                                        source_event_seqs=source_event_seqs))
+
+    def _emit_appended(self, event: Event) -> Event:
         self._emit(Durable(event))
         return event
+
+    def _command_commit(self, type_: str, data: JsonLike | Message, *,
+                        surface_op: JsonLike = None,
+                        source_event_seqs: Sequence[int] | None = None) -> Event:
+        """A command's append (P3, P16): the log's refusals as they are; any other failure of
+        the append (nothing was appended, L2) raised as an `InvariantError`."""
+        try:
+            return self.log.commit(type_, data, surface_op=surface_op,
+                                   source_event_seqs=source_event_seqs)
+        except TurnstileError:
+            raise
+        except Exception as error:
+            raise InvariantError("L2", f"{type_}: nothing was appended: "
+                                 f"{internal_error(error).message}") from error
 
     def _check_live(self) -> None:
         if self._disposed:
             raise DisposedError("the agent is disposed; only dispose() may be called")
+        if self._failure is not None:                           # P16
+            raise CoreFailedError(f"the core stopped after an internal failure "
+                                  f"({self._failure.message}); only dispose() may be called")
 
     def _route(self, message: Message, options: SendOptions) -> None:
         retro = self._retro
@@ -550,7 +610,7 @@ class AgentCore:
                 self.outbox.stage(message, False)
             return
         if where == "append-now":                       # R5.2 / D4: appended at once
-            self._emit(Durable(self.log.commit(ev.USER_MESSAGE, message, surface_op=APPEND)))
+            self._emit(Durable(self._command_commit(ev.USER_MESSAGE, message, surface_op=APPEND)))
             return
         if where == "stage-steering":
             if not cleared:
@@ -680,9 +740,14 @@ class AgentCore:
 
     def _complete(self, effect: int, kind: str, value: JsonLike) -> None:
         if type(effect) is not int:
-            raise ProtocolError(f"effect id must be an integer, not {effect!r}")
+            raise ProtocolError(f"effect id must be an integer, not {shown(effect)}")
         record = self._effects.get(effect)
         if record is None:
+            if effect in self._abandoned:                       # P16: accepted, dropped
+                if kind != "chunk":
+                    self._abandoned.discard(effect)
+                    self._done_effects.add(effect)
+                return
             if effect in self._done_effects:
                 raise ProtocolError(f"effect {effect} was already completed")
             raise ProtocolError(f"effect {effect} was never requested")
@@ -695,6 +760,8 @@ class AgentCore:
         if kind == "resolve" and record.kind == MODEL:
             raise ProtocolError(f"effect {effect} is a model stream: complete it with chunk, "
                                 "end or raise")
+        if kind != "raise" and value is not None:
+            value = snapshot(value)     # V6, P6: the value as it is at the call
         if kind != "chunk":
             del self._effects[effect]
             self._done_effects.add(effect)
@@ -703,9 +770,7 @@ class AgentCore:
     def feed(self, item: Input) -> None:
         """Apply one input value (rule P9)."""
         if isinstance(item, Send):
-            self._check_live()
-            options = SendOptions.from_json(item.options)
-            self._route(validate_user_message(item.message), options)
+            self.send(item.message, item.options)
         elif isinstance(item, Cancel):
             self.cancel(item.cause, item.keep_inbox)
         elif isinstance(item, Dispose):
@@ -754,8 +819,11 @@ class AgentCore:
             # once rather than queued and taken back (the same output, in the same order).
             proc = self._proc
             if proc is None:
-                if not self._advance_idle():
-                    return None
+                try:
+                    if not self._advance_idle():
+                        return None
+                except Exception as error:      # P16: never escapes, never half-advanced
+                    self._stop(error)
                 continue
             sent: _Mail | None = None
             if self._wait is not None:
@@ -768,6 +836,9 @@ class AgentCore:
                 yielded = proc.send(sent)
             except StopIteration:
                 self._proc = None
+                continue
+            except Exception as error:          # P16: the loop cannot go on
+                self._stop(error)
                 continue
             if isinstance(yielded, _Wait):
                 self._wait = yielded.ids
@@ -782,6 +853,34 @@ class AgentCore:
         while (output := self.next_output()) is not None:
             outputs.append(output)
         return outputs
+
+    def _stop(self, error: Exception) -> None:
+        """P16: the loop failed where it could not fail a turn in order (a closing append
+        refused twice, or a failure outside any turn): the core stops. Its machines are reset
+        (so the status is idle), what it waited for is abandoned (later completions are
+        accepted and dropped), pending input stays pending until dispose() reports it, and
+        ``agent/error`` names the failure."""
+        info = internal_error(error)
+        self._failure = info
+        self._proc = None
+        self._wait = None
+        self._mail.clear()
+        self._abandoned.update(self._effects)
+        self._effects.clear()
+        self._wake_effect = None
+        self._owner = None
+        self._ctrl = None
+        self._pending_retry = False
+        self._retro = None              # P7: no cancel is being delivered any more
+        if self._disposing:             # R17.4: no item is claimed any more; report them
+            self._cancel(DISPOSED_CAUSE, False)
+        was_busy = self.lifecycle.busy
+        self.lifecycle = Lifecycle()
+        self.window = Window()
+        self._emit(Live(LiveEvent(ev.ERROR, FrozenDict({"turn": self._turn, "step": self._step,
+                                                        "error": frozen_json(info)}))))
+        if was_busy:
+            self._emit_live(ev.STATUS, status="idle")
 
     def _emit(self, item: _Queued) -> None:
         retro = self._retro
@@ -972,8 +1071,15 @@ class AgentCore:
         self._ctrl = None
         if decisions.rejected_flush_appends(self.outbox.has_steering, len(self.outbox)):
             while len(self.outbox) and not self.outbox.has_steering:
-                context, _ = self.outbox.take()
-                yield self._commit(ev.USER_MESSAGE, context, surface=True)
+                context, _ = self.outbox.front
+                try:
+                    durable = self._commit(ev.USER_MESSAGE, context, surface=True)
+                except Exception as error:              # P16: the context stays staged
+                    yield self._warn(f"staged context could not be written: "
+                                     f"{internal_error(error).message}")
+                    break
+                self.outbox.take()
+                yield durable
 
     def _rejected_tick(self) -> _Proc:
         """R7.10 step 3: the rejected-admission tick."""
@@ -994,7 +1100,12 @@ class AgentCore:
             self._settle = COMPLETED
             self._step = 0
             turn = self._turn
-            yield self._commit(ev.TURN_START, {"turn": turn, "trigger": trigger})  # R8.2
+            try:
+                started = self._commit(ev.TURN_START, {"turn": turn, "trigger": trigger})  # R8.2
+            except Exception as error:                            # P16: no turn at all
+                yield from self._not_started(error)
+                return
+            yield started
             try:
                 yield from self._drain(                           # R8.3.1
                     limit=decisions.inherited_take(inherited, len(self.outbox)))
@@ -1004,12 +1115,12 @@ class AgentCore:
                 yield from self._drain()                          # R8.3.4
                 yield from self._steps()                          # R8.4-R8.5
             except (_Aborted, _Failure) as failure:               # R8.6
-                if self.log.open_step is not None:
-                    yield self._commit(ev.STEP_END, {"turn": turn, "step": self._step})
-                yield from self._classify(failure)
+                yield from self._fail_turn(turn, failure)
+            except Exception as error:                            # P16: fails the turn
+                yield from self._fail_turn(turn, _Failure(internal_error(error)))
             self.window.fire("end_run")                           # R8.7
             self.lifecycle.fire("close")
-            yield self._commit(ev.TURN_END, {"turn": turn, "reason": self._reason})
+            yield from self._closing(ev.TURN_END, turn)
             self._owner = None
             self._ctrl = None
             self.lifecycle.fire("flush")                          # R12.4
@@ -1028,6 +1139,40 @@ class AgentCore:
                 continue
             yield Live(LiveEvent(ev.SETTLED, FrozenDict({"turn": turn, "reason": self._settle})))
             return
+
+    def _fail_turn(self, turn: int, failure: _Aborted | _Failure) -> _Proc:
+        """R8.6: close an open step, then classify the failure (R15)."""
+        if self.log.open_step is not None:
+            yield from self._closing(ev.STEP_END, turn)
+        yield from self._classify(failure)
+
+    def _closing(self, type_: str, turn: int) -> _Proc:
+        """P16: an append that closes the turn (its step/end or turn/end). If the log refuses
+        it, that refusal becomes the turn's failure (R15: agent/error, an error reason) and
+        the append is tried once more, with the new reason; a second refusal stops the core."""
+        try:
+            durable = self._commit(type_, self._closing_data(type_, turn))
+        except Exception as error:
+            yield from self._classify(_Failure(internal_error(error)))
+            durable = self._commit(type_, self._closing_data(type_, turn))
+        yield durable
+
+    def _closing_data(self, type_: str, turn: int) -> dict[str, Frozen]:
+        if type_ == ev.TURN_END:
+            return {"turn": turn, "reason": self._reason}
+        return {"turn": turn, "step": self._step}
+
+    def _not_started(self, error: Exception) -> _Proc:
+        """P16: the log refused the run's turn/start (a direct append left a turn open, say):
+        there is no turn; the run ends with a warning, its prompt and contexts unwritten, and
+        continue-or-idle follows (as after a rejected admission)."""
+        self.window.fire("end_run")
+        self.lifecycle.fire("close")
+        self.lifecycle.fire("flush")
+        self._owner = None
+        self._ctrl = None
+        self._pending_retry = False
+        yield self._warn(f"the turn could not start: {internal_error(error).message}")
 
     def _classify(self, failure: _Aborted | _Failure) -> Generator[Output | _Wait, _Mail | None, None]:
         """R15: set the durable reason and settle reason; report errors."""
@@ -1212,7 +1357,7 @@ class AgentCore:
         source: dict[str, Frozen] = {"kind": "model", "provider": provider, "model": model_name}
         if "replayState" in finish:                               # P12
             source["replayState"] = finish["replayState"]
-        message = Message(id=self._mint("assistant", seq), role="assistant",
+        message = Message(id=minted_id(self._mint, "assistant", seq), role="assistant",
                           content=FrozenList(blocks), source=FrozenDict(source))
         data: dict[str, Frozen] = {"turn": turn, "step": step, "message": frozen_message(message)}
         if usage is not None:
@@ -1290,9 +1435,10 @@ class AgentCore:
         took_steering = False
         taken = 0
         while len(self.outbox) and (limit is None or taken < limit):
-            message, steering = self.outbox.take()
+            message, steering = self.outbox.front
             taken += 1
             if steering:
+                self.outbox.take()
                 took_steering = True
                 yield Live(LiveEvent(ev.INBOX_DEQUEUE, FrozenDict({
                     "message": frozen_message(message), "placement": "steering"})))
@@ -1300,7 +1446,10 @@ class AgentCore:
                                                          "message": frozen_message(message)},
                                    surface=True)
             else:
-                yield self._commit(ev.USER_MESSAGE, message, surface=True)
+                # P16: taken once written, so a refused append leaves the context staged.
+                durable = self._commit(ev.USER_MESSAGE, message, surface=True)
+                self.outbox.take()
+                yield durable
         return took_steering
 
     # ------------------------------------------------------------------
@@ -1500,7 +1649,7 @@ class AgentCore:
         if result.is_error:
             block["isError"] = True
         seq = len(self.log)
-        message = Message(id=self._mint("tool-result", seq), role="user",
+        message = Message(id=minted_id(self._mint, "tool-result", seq), role="user",
                           content=FrozenList((FrozenDict(block),)),
                           source=FrozenDict({"kind": "tool", "callId": call.call_id}))
         data: dict[str, Frozen] = {"turn": self._turn, "step": self._step,

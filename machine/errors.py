@@ -66,3 +66,10 @@ class CodecError(ValidationError):
     """A JSON document that does not decode to the expected value."""
 
     code = "CODEC_ERROR"
+
+
+class CoreFailedError(ProtocolError):
+    """The core stopped after an internal failure it could not contain (rule P16): only
+    `dispose()` and the read-only state are available."""
+
+    code = "CORE_FAILED"

@@ -23,6 +23,8 @@ from machine.jsonvalue import (
     compact_json,
     freeze,
     frozen_from_json,
+    immutable_value,
+    plain_text,
     thaw,
 )
 from machine.payloads import (
@@ -100,6 +102,7 @@ def _rebase_codec(exc: ValidationError, default: str, path: str) -> CodecError:
     return CodecError(where, exc.problem)
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class Event:
     """One committed durable session event (rule E1). Immutable.
@@ -120,6 +123,8 @@ class Event:
     def __post_init__(self) -> None:
         if not isinstance(self.type, str) or not self.type:
             raise ValidationError("event.type", "must be a non-empty string")
+        if type(self.type) is not str or not self.type.isascii():   # V23
+            object.__setattr__(self, "type", plain_text(self.type, "event.type"))
         if type(self.seq) is not int or self.seq < 0:
             raise ValidationError("event.seq", "must be a non-negative integer")
         time = self.time
@@ -289,6 +294,7 @@ def event_from_record(record: EventRecord) -> Event:
     return Event(type_, seq, time, data, op, None if seqs is None else FrozenList._adopt(seqs))
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class LiveEvent:
     """A live, non-durable notification (rule E3): a type and a payload mapping.
@@ -303,6 +309,8 @@ class LiveEvent:
     def __post_init__(self) -> None:
         if not isinstance(self.type, str) or not self.type:
             raise ValidationError("live.type", "must be a non-empty string")
+        if type(self.type) is not str or not self.type.isascii():   # V23
+            object.__setattr__(self, "type", plain_text(self.type, "live.type"))
         payload: Frozen = self.payload
         if type(payload) is not FrozenDict:  # Why: frozen by construction (see Event)
             payload = freeze(payload, "live.payload", max_depth=None)  # envelope (V1)

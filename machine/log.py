@@ -12,7 +12,9 @@ incrementally too, so `history(end)` is a cheap immutable view.
 from __future__ import annotations
 
 import bisect
+import builtins
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -44,10 +46,15 @@ from machine.events import (
     surface_op_problem,
 )
 from machine.jsonvalue import (
+    ENVELOPE_DEPTH,
     Frozen,
     FrozenDict,
     FrozenList,
+    depth_of,
     freeze,
+    plain_text,
+    shown,
+    snapshot,
 )
 from machine.vocabulary import (
     ErrorInfo,
@@ -393,7 +400,7 @@ class SessionLog:
         if not isinstance(event_type, str) or not event_type:
             raise ValidationError("event_type", "must be a non-empty string")
         if event_type in _RULE_OF_TYPE:
-            raise ValidationError("event_type", f"{event_type!r} is a core event type; "
+            raise ValidationError("event_type", f"{shown(event_type)} is a core event type; "
                                   "its rules cannot be overridden")
         self._rules[event_type] = check
 
@@ -403,6 +410,8 @@ class SessionLog:
               surface_op: str | Mapping[str, object] | None = None,
               source_event_seqs: Sequence[int] | None = None) -> None:
         """Raise `InvariantError` if this append would break an invariant (L2). Pure."""
+        if builtins.type(type) is not str or not type.isascii():
+            type = _event_type(type)
         frozen_data, frozen_op, frozen_seqs = _freeze_envelope(data, surface_op, source_event_seqs)
         message = self._verdict(type, frozen_data, frozen_op, frozen_seqs)
         # Why (performance): a store checks each append before writing it and commits the
@@ -422,6 +431,8 @@ class SessionLog:
         A `Message` may stand for a message mapping (as *data* itself or as a
         top-level value of it).
         """
+        if builtins.type(type) is not str or not type.isascii():   # Why: the usual type, at once
+            type = _event_type(type)
         frozen_data, frozen_op, frozen_seqs = _freeze_envelope(data, surface_op, source_event_seqs)
         checked, self._checked = self._checked, None
         if (checked is not None and checked[0] == type and checked[1] is frozen_data
@@ -430,10 +441,25 @@ class SessionLog:
             message = checked[4]        # checked by `check` just before (see there)
         else:
             message = self._verdict(type, frozen_data, frozen_op, frozen_seqs)
-        event = checked_event(type, len(self._records), self._clock(), frozen_data, frozen_op,
-                              frozen_seqs)
+        event = checked_event(type, len(self._records), self._stamp(type), frozen_data,
+                              frozen_op, frozen_seqs)
         self._store(event, message)
         return event
+
+    def _stamp(self, type_: str) -> int | float:
+        """The clock's time for an event (L3): a failing clock refuses the append, typed."""
+        try:
+            now = self._clock()
+        except Exception as error:
+            _fail("L3", f"{type_}: the log's clock failed: "
+                  f"{ErrorInfo.from_exception(error).rendered()}")
+        kind = type(now)
+        if kind is int or (kind is float and -math.inf < now < math.inf):
+            return now
+        if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
+            _fail("L3", f"{type_}: the log's clock returned {shown(now)}, not a finite number of "
+                  "epoch milliseconds")
+        return now
 
     def append(self, type: str, data: Mapping[str, object] | Message, *,
                surface_op: str | Mapping[str, object] | None = None,
@@ -473,7 +499,7 @@ class SessionLog:
         """The compact JSON text of event *seq*'s data, exactly as the log retains it (L1):
         what ``compact_json(self[seq].data)`` would give, without decoding the event."""
         if type(seq) is not int or not 0 <= seq < len(self._records):
-            raise IndexError(f"no event with seq {seq!r} (the log has {len(self._records)})")
+            raise IndexError(f"no event with seq {shown(seq)} (the log has {len(self._records)})")
         return self._records[seq][3]
 
     def history(self, end: int) -> Sequence[Message]:
@@ -501,6 +527,11 @@ class SessionLog:
         finally:
             self._delivering = False
 
+    def replay(self, event: Event) -> None:
+        """Check and store an already stamped event, as a seed is (L14): `InvariantError`
+        if it may not come next. (For readers that replay stored events one at a time.)"""
+        self._replay(event)
+
     def _replay(self, event: Event) -> None:
         """Check and store an already stamped event (seeds and validators, L14)."""
         expected = len(self._records)
@@ -519,7 +550,12 @@ class SessionLog:
     def _store(self, event: Event, message: Message | None) -> None:
         """Commit a checked event and advance the incremental state."""
         self._checked = None        # the state changes: an earlier check no longer holds
-        self._records.append(event_record(event))
+        try:
+            record = event_record(event)
+        except (RecursionError, MemoryError) as error:  # the data is bounded (V1): rare
+            _fail("L3", f"{event.type}: the event could not be encoded "
+                  f"({type(error).__name__}); nothing was appended")
+        self._records.append(record)
         data = event.data
         kind = event.type
         if kind not in _STATE_TYPES:  # Why: most events change none of the state below
@@ -595,16 +631,21 @@ class SessionLog:
                 for source in seqs:
                     if isinstance(source, bool) or not isinstance(source, int) \
                             or not 0 <= source < next_seq:
-                        _fail("L3", f"{type_}: sourceEventSeqs entry {source!r} does not name "
+                        _fail("L3", f"{type_}: sourceEventSeqs entry {shown(source)} does not name "
                               f"an earlier event (this event would be seq {next_seq})")
         check = _CORE_CHECKS.get(type_)
         if check is not None:
             return check(self, data, op)
         # L10: extension types follow their registered rule, else anything goes.
         rule = self._rules.get(type_)
-        problem = rule(self, type_, data) if rule is not None else None
+        if rule is None:
+            return None
+        try:
+            problem = rule(self, type_, data)
+        except Exception as error:  # a caller's rule: its failure refuses the append, typed
+            _fail("L10", f"{type_}: its rule raised {ErrorInfo.from_exception(error).rendered()}")
         if problem:
-            _fail("L10", f"{type_}: {problem}")
+            _fail("L10", f"{type_}: {problem if isinstance(problem, str) else shown(problem)}")
         return None
 
     def _require_turn(self, type_: str) -> int:
@@ -636,7 +677,7 @@ class SessionLog:
         turn = data.get("turn")
         expected = self._last_turn + 1
         if not _is_int(turn) or turn != expected:
-            _fail("L4", f"turn/start: expected turn {expected}, got {turn!r}")
+            _fail("L4", f"turn/start: expected turn {expected}, got {shown(turn)}")
         try:  # V13: message / retry / injection
             TurnTrigger.from_json(data.get("trigger"), "data.trigger")
         except ValidationError as error:
@@ -645,9 +686,9 @@ class SessionLog:
     def _check_turn_end(self, data: FrozenDict, _op: Frozen) -> None:
         turn = data.get("turn")
         if self._open_turn is None:
-            _fail("L4", f"turn/end: turn {turn!r} is outside any open turn")
+            _fail("L4", f"turn/end: turn {shown(turn)} is outside any open turn")
         if not _is_int(turn) or turn != self._open_turn:
-            _fail("L4", f"turn/end: turn {turn!r} does not match open turn {self._open_turn}")
+            _fail("L4", f"turn/end: turn {shown(turn)} does not match open turn {self._open_turn}")
         if self._open_step is not None:
             _fail("L4", f"turn/end: step {self._open_turn}.{self._open_step} is still open")
         try:  # V19: completed / aborted / error / disposed / max-tokens / interrupted
@@ -662,10 +703,10 @@ class SessionLog:
             _fail("L5", f"step/start: step {self._open_turn}.{self._open_step} is still open")
         turn, step = data.get("turn"), data.get("step")
         if not _is_int(turn) or turn != self._open_turn:
-            _fail("L5", f"step/start: turn {turn!r} does not match open turn {self._open_turn}")
+            _fail("L5", f"step/start: turn {shown(turn)} does not match open turn {self._open_turn}")
         expected = self._last_step + 1
         if not _is_int(step) or step != expected:
-            _fail("L5", f"step/start: expected step {expected} of turn {turn}, got {step!r}")
+            _fail("L5", f"step/start: expected step {expected} of turn {turn}, got {shown(step)}")
 
     def _check_step_end(self, data: FrozenDict, _op: Frozen) -> None:
         if self._open_step is None:
@@ -694,9 +735,9 @@ class SessionLog:
         self._require_step(TOOL_CALL, data)
         call_id, name = data.get("callId"), data.get("name")
         if not isinstance(call_id, str) or not call_id:
-            _fail("L6", f"tool/call: data.callId must be a non-empty string, got {call_id!r}")
+            _fail("L6", f"tool/call: data.callId must be a non-empty string, got {shown(call_id)}")
         if not isinstance(name, str):
-            _fail("L6", f"tool/call: data.name must be a string, got {name!r}")
+            _fail("L6", f"tool/call: data.name must be a string, got {shown(name)}")
 
     def _check_tool_result(self, data: FrozenDict, op: Frozen) -> Message:
         fresh = op == APPEND
@@ -708,10 +749,10 @@ class SessionLog:
         call_id = message.source["callId"]
         error = data.get("error")
         if error is not None and not isinstance(error, FrozenDict):
-            _fail("L7", f"tool/result: data.error must be a mapping, got {error!r}")
+            _fail("L7", f"tool/result: data.error must be a mapping, got {shown(error)}")
         not_started = error is not None and error.get("code") == TOOL_NOT_STARTED
         if fresh and call_id not in self._step_calls and not not_started:
-            _fail("L7", f"tool/result: no tool/call with callId {call_id!r} earlier in step "
+            _fail("L7", f"tool/result: no tool/call with callId {shown(call_id)} earlier in step "
                   f"{self._open_turn}.{self._open_step}")
         return message
 
@@ -719,7 +760,7 @@ class SessionLog:
         turn = self._require_turn(STEERING_MESSAGE)
         named = data.get("turn")
         if not _is_int(named) or named != turn:
-            _fail("L8", f"steering/message: turn {named!r} does not match open turn {turn}")
+            _fail("L8", f"steering/message: turn {shown(named)} does not match open turn {turn}")
         return _message_field(STEERING_MESSAGE, data, validate_user_message)
 
     def _check_todo_write(self, _data: FrozenDict, _op: Frozen) -> None:
@@ -732,7 +773,7 @@ class SessionLog:
         reason = data.get("reason")
         if reason not in HEADER_REASONS:
             _fail("L8", "request/header: data.reason must be 'initial', 'resume' or 'change', "
-                  f"got {reason!r}")
+                  f"got {shown(reason)}")
 
     def _check_user_message(self, data: FrozenDict, _op: Frozen) -> Message:
         # L9: no enclosure at all; the data is the well-formed user message itself.
@@ -783,7 +824,7 @@ def _as_int(value: Frozen) -> int:
 
 
 def _dotted(named: tuple[Frozen, Frozen]) -> str:
-    return f"{named[0]!r}.{named[1]!r}"
+    return f"{shown(named[0])}.{shown(named[1])}"
 
 
 def _message_field(type_: str, data: FrozenDict,
@@ -800,18 +841,45 @@ def _message_mapping(message: Message) -> FrozenDict:
     return message_mapping(message)
 
 
+def _event_type(type_: object) -> str:
+    """L3, V23: the event type as a plain non-empty str without lone surrogates."""
+    if type(type_) is not str:
+        if not isinstance(type_, str):
+            _fail("L3", "the event type must be a non-empty string")
+        type_ = str.__str__(type_)
+    if not type_:
+        _fail("L3", "the event type must be a non-empty string")
+    if not type_.isascii():
+        try:
+            plain_text(type_, "type")
+        except ValidationError as error:
+            _fail("L3", f"the event type {shown(type_)}: {error.problem}")
+    return type_
+
+
 def _freeze_envelope(data: Mapping[str, object] | Message, surface_op: object,
                      source_event_seqs: object) -> tuple[FrozenDict, Frozen, FrozenList | None]:
-    """Snapshot the caller's data, surfaceOp and sourceEventSeqs (L3)."""
-    if type(data) is FrozenDict and surface_op is None and source_event_seqs is None:
+    """Snapshot the caller's data, surfaceOp and sourceEventSeqs (L3). Each is taken first
+    (V6), so reading it runs none of the caller's code."""
+    if type(data) is FrozenDict and surface_op is None and source_event_seqs is None \
+            and 0 < depth_of(data) <= ENVELOPE_DEPTH:
         return data, None, None  # Why: the usual case, frozen already (as the general path)
+    # Why only these: exact dicts, lists, strs and frozen values are read below without
+    # running any code of the caller's; anything else (a subclass, say) is taken first.
+    if type(data) is not dict and type(data) is not FrozenDict and not isinstance(data, Message):
+        data = snapshot(data)
+    if surface_op is not None and type(surface_op) is not str:
+        surface_op = snapshot(surface_op)
+    if source_event_seqs is not None and type(source_event_seqs) is not list \
+            and type(source_event_seqs) is not FrozenList:
+        source_event_seqs = snapshot(source_event_seqs)
     try:
         if isinstance(data, Message):
-            frozen_data: Frozen = _message_mapping(data)
+            frozen_data: Frozen = freeze(_message_mapping(data), "data", max_depth=None)
         elif isinstance(data, FrozenDict):
-            frozen_data = data
+            frozen_data = freeze(data, "data", max_depth=None)  # its depth: V1's envelope bound
         elif isinstance(data, Mapping):
-            # Why no depth bound: event data wraps values bounded where they entered (V1).
+            # The envelope bound (V1): event data wraps values bounded where they entered.
             frozen_data = freeze({key: _message_mapping(value) if isinstance(value, Message)
                                   else value for key, value in data.items()}, "data",
                                  max_depth=None)

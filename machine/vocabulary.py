@@ -15,7 +15,18 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
 
 from machine.errors import ValidationError
-from machine.jsonvalue import Frozen, FrozenDict, FrozenList, JsonLike, freeze, thaw
+from machine.jsonvalue import (
+    Frozen,
+    FrozenDict,
+    FrozenList,
+    JsonLike,
+    freeze,
+    immutable_value,
+    plain_text,
+    scrub_text,
+    shown,
+    thaw,
+)
 
 Role: TypeAlias = Literal["user", "assistant", "system"]
 ROLES: frozenset[str] = frozenset({"user", "assistant", "system"})
@@ -51,7 +62,7 @@ def _fields(value: JsonLike, path: str, shape: str, required: Sequence[str],
     for key in value:
         if key not in required and key not in optional:
             extra = set(value) - set(required) - set(optional)
-            names = ", ".join(sorted(repr(k) for k in extra))
+            names = ", ".join(sorted(shown(k) for k in extra))
             raise ValidationError(path, f"unexpected field(s) {names}")
     for key in required:
         if key not in value:
@@ -88,7 +99,7 @@ def register_block_type(type_name: str, check: BlockCheck | None = None) -> None
     if not isinstance(type_name, str) or not type_name:
         raise ValidationError("type_name", "must be a non-empty string")
     if type_name in _CORE_BLOCKS:
-        raise ValidationError("type_name", f"{type_name!r} is a core block type")
+        raise ValidationError("type_name", f"{shown(type_name)} is a core block type")
     global _registrations
     _block_checks[type_name] = check or (lambda _b: None)
     _registrations += 1
@@ -100,7 +111,7 @@ def register_source_kind(kind: str, check: BlockCheck | None = None) -> None:
     if not isinstance(kind, str) or not kind:
         raise ValidationError("kind", "must be a non-empty string")
     if kind in _CORE_SOURCES:
-        raise ValidationError("kind", f"{kind!r} is a core source kind")
+        raise ValidationError("kind", f"{shown(kind)} is a core source kind")
     global _registrations
     _source_checks[kind] = check or (lambda _s: None)
     _registrations += 1
@@ -110,9 +121,9 @@ def register_source_kind(kind: str, check: BlockCheck | None = None) -> None:
 def _str_field(value: FrozenDict, key: str, *, nonempty: bool = False) -> str | None:
     item = value.get(key)
     if not isinstance(item, str):
-        return f"{key!r} must be a string"
+        return f"{shown(key)} must be a string"
     if nonempty and not item:
-        return f"{key!r} must not be empty"
+        return f"{shown(key)} must not be empty"
     return None
 
 
@@ -156,8 +167,26 @@ def block_problem(block: Frozen) -> str | None:
     kind = block.get("type")
     if not isinstance(kind, str) or not kind:
         return "a content block needs a non-empty string 'type'"
-    check = _CORE_BLOCKS.get(kind) or _block_checks.get(kind)
-    return check(block) if check else None
+    core = _CORE_BLOCKS.get(kind)
+    if core is not None:
+        return core(block)
+    check = _block_checks.get(kind)
+    return _verdict_of(check, block, "block type", kind) if check else None
+
+
+def _verdict_of(check: BlockCheck, value: FrozenDict, what: str, kind: str) -> str | None:
+    """What an extension's *check* says of *value*. A check that raises, or answers with
+    anything but None or a string, refuses the value (its failure is named): reading a
+    value never lets a caller's exception escape (V3, V4)."""
+    try:
+        problem = check(value)
+    except Exception as error:
+        return (f"the check of {what} {shown(kind)} raised "
+                f"{ErrorInfo.from_exception(error).rendered()!r}")
+    if problem is None or type(problem) is str:
+        return scrub_text(problem) if problem else None
+    return (f"the check of {what} {shown(kind)} answered {type(problem).__name__}, not a "
+            "problem text or None")
 
 
 def _check_plugin(source: FrozenDict) -> str | None:
@@ -187,8 +216,11 @@ def source_problem(source: Frozen) -> str | None:
     kind = source.get("kind")
     if not isinstance(kind, str) or not kind:
         return "the source needs a non-empty string 'kind'"
-    check = _CORE_SOURCES.get(kind) or _source_checks.get(kind)
-    return check(source) if check else None
+    core = _CORE_SOURCES.get(kind)
+    if core is not None:
+        return core(source)
+    check = _source_checks.get(kind)
+    return _verdict_of(check, source, "source kind", kind) if check else None
 
 
 def freeze_content(value: JsonLike, path: str) -> FrozenList:
@@ -271,6 +303,7 @@ def custom_source(kind: str, **fields: JsonLike) -> FrozenDict:
 # --------------------------------------------------------------------------
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class Message:
     """An immutable message ``{id, role, content, source}`` (rule V5).
@@ -287,9 +320,10 @@ class Message:
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
             raise ValidationError("message.id", "must be a non-empty string")
+        object.__setattr__(self, "id", plain_text(self.id, "message.id"))   # V23
         if not isinstance(self.role, str) or self.role not in ROLES:
             raise ValidationError("message.role",
-                                  f"{self.role!r} is not one of user, assistant, system")
+                                  f"{shown(self.role)} is not one of user, assistant, system")
         object.__setattr__(self, "content", freeze_content(self.content, "message.content"))
         object.__setattr__(self, "source", freeze_source(self.source, "message.source"))
 
@@ -361,7 +395,7 @@ def validate_user_message(value: JsonLike, path: str = "message") -> Message:
     """Rule V7: a well-formed *user* message, snapshotted. Accepts a Message or its JSON form."""
     message = Message.from_json(value, path)
     if message.role != "user":
-        raise ValidationError(f"{path}.role", f"must be 'user', not {message.role!r}")
+        raise ValidationError(f"{path}.role", f"must be 'user', not {shown(message.role)}")
     return message
 
 
@@ -376,7 +410,7 @@ def validate_assistant_message(value: JsonLike, path: str = "message") -> Messag
     """Rule V5: role 'assistant' and a source of kind 'model'."""
     message = Message.from_json(value, path)
     if message.role != "assistant":
-        raise ValidationError(f"{path}.role", f"must be 'assistant', not {message.role!r}")
+        raise ValidationError(f"{path}.role", f"must be 'assistant', not {shown(message.role)}")
     if message.source["kind"] != "model":
         raise ValidationError(f"{path}.source.kind", "an assistant message's source is 'model'")
     return message
@@ -420,6 +454,7 @@ SESSION_START_SOURCES: frozenset[str] = frozenset({"startup", "resume", "clear",
 CauseKind: TypeAlias = Literal["user", "parent", "disposed"]
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class SendOptions:
     """``{target, wakeup}``; both required, nothing else (rule V10)."""
@@ -430,7 +465,7 @@ class SendOptions:
     def __post_init__(self) -> None:
         if self.target not in ("next-turn", "next-step"):
             raise ValidationError("options.target",
-                                  f"{self.target!r} is not 'next-turn' or 'next-step'")
+                                  f"{shown(self.target)} is not 'next-turn' or 'next-step'")
         if not isinstance(self.wakeup, bool):
             raise ValidationError("options.wakeup", "must be a bool")
 
@@ -453,6 +488,7 @@ STEER = SendOptions("next-step", True)
 INJECT = SendOptions("next-step", False)
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class CancelCause:
     """``{kind}`` with kind user, parent or disposed (rule V11)."""
@@ -462,7 +498,7 @@ class CancelCause:
     def __post_init__(self) -> None:
         if self.kind not in ("user", "parent", "disposed"):
             raise ValidationError("cause.kind",
-                                  f"{self.kind!r} is not 'user', 'parent' or 'disposed'")
+                                  f"{shown(self.kind)} is not 'user', 'parent' or 'disposed'")
 
     def to_json(self) -> dict[str, JsonLike]:
         return {"kind": self.kind}
@@ -500,6 +536,7 @@ def _is_finite_number(value: object) -> bool:
     return math.isfinite(value)
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class LlmFailure:
     """Model failure facts ``{message, code, status?, providerRetryAfterMs?, requestId?}`` (V14)."""
@@ -522,6 +559,11 @@ class LlmFailure:
             raise ValidationError("failure.providerRetryAfterMs", "must be a finite number")
         if self.request_id is not None and not isinstance(self.request_id, str):
             raise ValidationError("failure.requestId", "must be a string")
+        for name, attribute in (("message", "message"), ("code", "code"),
+                                ("requestId", "request_id")):
+            text = getattr(self, attribute)
+            if text is not None:                                          # V23
+                object.__setattr__(self, attribute, plain_text(text, f"failure.{name}"))
 
     def with_message(self, message: str) -> LlmFailure:
         return LlmFailure(message, self.code, self.status, self.provider_retry_after_ms,
@@ -551,12 +593,15 @@ class LlmFailure:
 
 
 def _message_of(exc: BaseException) -> str:
+    """An exception's own message, lone surrogates replaced (V23: an exception's text, say
+    an OSError's file name, is described, not refused)."""
     try:
-        return str(exc)
+        return scrub_text(str(exc))
     except Exception:  # a broken __str__ must not break the classification of a failure
         return ""
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class ErrorInfo:
     """An exception described as data (rule V15): what the environment raised.
@@ -586,6 +631,12 @@ class ErrorInfo:
             raise ValidationError("error.causes", "must be a list of strings")
         if self.failure is not None and not isinstance(self.failure, LlmFailure):
             raise ValidationError("error.failure", "must be an LlmFailure")
+        object.__setattr__(self, "message", plain_text(self.message, "error.message"))  # V23
+        object.__setattr__(self, "name", plain_text(self.name, "error.name"))
+        if self.code is not None:
+            object.__setattr__(self, "code", plain_text(self.code, "error.code"))
+        object.__setattr__(self, "causes", tuple(
+            plain_text(cause, f"error.causes[{i}]") for i, cause in enumerate(causes)))
 
     def rendered(self) -> str:
         """The rendered text (reference §0.9): the own message (the class name if it is
@@ -605,8 +656,9 @@ class ErrorInfo:
             cur = cur.__cause__
         code = getattr(exc, "code", None)
         failure = getattr(exc, "failure", None)
-        return cls(message=_message_of(exc), name=type(exc).__name__,
-                   code=code if isinstance(code, str) else None, causes=tuple(causes),
+        return cls(message=_message_of(exc), name=scrub_text(type(exc).__name__) or "Error",
+                   code=scrub_text(code) if isinstance(code, str) else None,
+                   causes=tuple(causes),
                    failure=failure if isinstance(failure, LlmFailure) else None)
 
     def to_json(self) -> dict[str, JsonLike]:
@@ -638,11 +690,38 @@ class ErrorInfo:
             raise _rebase(exc, "error", path) from None
 
 
+def minted_id(mint: Callable[[str, int], str], kind: str, seq: int) -> str:
+    """P12: the id *mint* gives the message that the event at *seq* records. It must be a
+    non-empty string (V23 applies); anything else, or a mint that raises, is an internal
+    failure of the loop (P16): this raises a `ValidationError` naming ``mint_id``."""
+    minted = mint(kind, seq)
+    if type(minted) is not str and not isinstance(minted, str):
+        raise ValidationError("mint_id", f"returned a {type(minted).__name__}, not a "
+                              "non-empty string")
+    if not minted:
+        raise ValidationError("mint_id", "returned an empty string")
+    return plain_text(minted, "mint_id")
+
+
+#: The code of an internal failure of the loop (rule P16).
+INTERNAL_ERROR: Final = "INTERNAL_ERROR"
+
+
+def internal_error(error: BaseException) -> ErrorInfo:
+    """P16: the error an internal failure of the loop is reported with: name
+    ``InternalError``, code ``INTERNAL_ERROR``, and a message naming what failed."""
+    described = ErrorInfo.from_exception(error)
+    detail = described.rendered() if described.message or described.causes else ""
+    return ErrorInfo(f"internal failure: {described.name}" + (f": {detail}" if detail else ""),
+                     "InternalError", INTERNAL_ERROR)
+
+
 # --------------------------------------------------------------------------
 # Environment-supplied values (rules V16–V18, V21)
 # --------------------------------------------------------------------------
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class ToolResult:
     """What a tool stage supplies (rule V16); validated when supplied.
@@ -713,6 +792,7 @@ class ToolResult:
             raise _rebase(exc, "result", path, INVALID_TOOL_RESULT) from None
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class Allow:
     """``{kind:'allow', content?, additionalContexts?}`` (rule V17)."""
@@ -740,6 +820,7 @@ class Allow:
         return out
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class Block:
     """``{kind:'block', reason}`` (rule V17)."""
@@ -749,6 +830,7 @@ class Block:
     def __post_init__(self) -> None:
         if not isinstance(self.reason, str):
             raise ValidationError("decision.reason", "must be a string")
+        object.__setattr__(self, "reason", plain_text(self.reason, "decision.reason"))  # V23
 
     def to_json(self) -> dict[str, JsonLike]:
         return {"kind": "block", "reason": self.reason}
@@ -776,7 +858,7 @@ def decision_from_json(value: JsonLike, path: str = "decision") -> PromptDecisio
             return Block(fields["reason"])
     except ValidationError as exc:
         raise _rebase(exc, "decision", path) from None
-    raise ValidationError(f"{path}.kind", f"{kind!r} is not 'allow' or 'block'")
+    raise ValidationError(f"{path}.kind", f"{shown(kind)} is not 'allow' or 'block'")
 
 
 def retry_action_from_json(value: JsonLike) -> bool:
@@ -806,6 +888,12 @@ def validate_chunk(value: JsonLike, path: str = "chunk") -> FrozenDict:
     # immutable and this check depends on nothing else, so the very object accepted last
     # (held here, so its identity cannot be reused) is accepted again without a second pass.
     if value is _last_chunk and value is not None:
+        return value
+    if type(value) is FrozenDict and len(value) == 2 and type(value.get("text")) is str \
+            and value.get("type") == "text":
+        # Why: the usual chunk, as the core's snapshot of it (P6) hands it over: a frozen
+        # {type: 'text', text} needs no check beyond these.
+        _last_chunk = value
         return value
     if type(value) is dict and len(value) == 2 and type(value.get("text")) is str \
             and value.get("type") == "text" and type(value["type"]) is str:
@@ -838,7 +926,7 @@ def _validate_chunk(value: JsonLike, path: str) -> FrozenDict:
         finish = chunk.get("kind")
         if finish not in FINISH_KINDS:
             raise ValidationError(f"{path}.kind",
-                                  f"{finish!r} is not stop, max-tokens, error or aborted")
+                                  f"{shown(finish)} is not stop, max-tokens, error or aborted")
         if "usage" in chunk and not isinstance(chunk["usage"], FrozenDict):
             raise ValidationError(f"{path}.usage", "must be a mapping")
         if finish == "error" and "failure" not in chunk:
@@ -857,6 +945,7 @@ TriggerKind: TypeAlias = Literal["message", "retry", "injection"]
 TRIGGER_KINDS: frozenset[str] = frozenset({"message", "retry", "injection"})
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class TurnTrigger:
     """Why a turn opened (rule V13): ``{kind:'message', source}``, ``{kind:'retry'}`` or
@@ -868,12 +957,12 @@ class TurnTrigger:
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or self.kind not in TRIGGER_KINDS:
             raise ValidationError("trigger.kind",
-                                  f"{self.kind!r} is not 'message', 'retry' or 'injection'")
+                                  f"{shown(self.kind)} is not 'message', 'retry' or 'injection'")
         if self.kind == "retry":
             if self.source is not None:
                 raise ValidationError("trigger.source", "a retry trigger has no source")
         elif self.source is None:
-            raise ValidationError("trigger.source", f"is required for a {self.kind!r} trigger")
+            raise ValidationError("trigger.source", f"is required for a {shown(self.kind)} trigger")
         else:
             object.__setattr__(self, "source", freeze_source(self.source, "trigger.source"))
 
@@ -911,6 +1000,7 @@ TURN_END_KINDS: frozenset[str] = frozenset({"completed", "aborted", "error", "di
                                             "max-tokens", "interrupted"})
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class TurnEndReason:
     """The durable reason of ``turn/end`` (rule V19).
@@ -928,13 +1018,13 @@ class TurnEndReason:
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or self.kind not in TURN_END_KINDS:
-            raise ValidationError("reason.kind", f"{self.kind!r} is not a turn-end reason kind")
+            raise ValidationError("reason.kind", f"{shown(self.kind)} is not a turn-end reason kind")
         if self.kind != "error":
             for name, item in (("step", self.step), ("failure", self.failure),
                                ("message", self.message), ("code", self.code)):
                 if item is not None:
                     raise ValidationError(f"reason.{name}",
-                                          f"is not allowed on a {self.kind!r} reason")
+                                          f"is not allowed on a {shown(self.kind)} reason")
             return
         if type(self.step) is not int or self.step < 0:
             raise ValidationError("reason.step", "must be a non-negative integer")
@@ -951,6 +1041,9 @@ class TurnEndReason:
                                   "an error reason needs a failure or a string message")
         if self.code is not None and not isinstance(self.code, str):
             raise ValidationError("reason.code", "must be a string")
+        object.__setattr__(self, "message", plain_text(self.message, "reason.message"))  # V23
+        if self.code is not None:
+            object.__setattr__(self, "code", plain_text(self.code, "reason.code"))
 
     @classmethod
     def request_failure(cls, step: int, failure: LlmFailure) -> TurnEndReason:
@@ -1008,6 +1101,7 @@ SettleKind: TypeAlias = Literal["completed", "aborted", "error"]
 SETTLE_KINDS: frozenset[str] = frozenset({"completed", "aborted", "error"})
 
 
+@immutable_value
 @dataclass(frozen=True, slots=True)
 class SettleReason:
     """How a chain settled (rule V20): ``{kind:'completed'}``, ``{kind:'aborted'}`` or
@@ -1020,12 +1114,12 @@ class SettleReason:
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or self.kind not in SETTLE_KINDS:
             raise ValidationError("reason.kind",
-                                  f"{self.kind!r} is not 'completed', 'aborted' or 'error'")
+                                  f"{shown(self.kind)} is not 'completed', 'aborted' or 'error'")
         if self.kind != "error":
             for name, item in (("error", self.error), ("failure", self.failure)):
                 if item is not None:
                     raise ValidationError(f"reason.{name}",
-                                          f"is not allowed on a {self.kind!r} reason")
+                                          f"is not allowed on a {shown(self.kind)} reason")
             return
         if not isinstance(self.error, ErrorInfo):
             raise ValidationError("reason.error", "an error reason needs an ErrorInfo")

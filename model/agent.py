@@ -30,7 +30,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from machine.core import CoreConfig
-from machine.errors import DisposedError, ProtocolError, ValidationError
+from machine.errors import (
+    CoreFailedError,
+    DisposedError,
+    InvariantError,
+    ProtocolError,
+    TurnstileError,
+    ValidationError,
+)
 from machine.events import (
     AGENT_CREATED,
     AGENT_DISPOSED,
@@ -89,7 +96,17 @@ from machine.io import (
     Resolve,
     Send,
 )
-from machine.jsonvalue import Frozen, FrozenDict, FrozenList, JsonLike, canonical_json, freeze, thaw
+from machine.jsonvalue import (
+    Frozen,
+    FrozenDict,
+    FrozenList,
+    JsonLike,
+    canonical_json,
+    freeze,
+    shown,
+    snapshot,
+    thaw,
+)
 from machine.log import SessionLog
 from machine.vocabulary import (
     Allow,
@@ -101,6 +118,8 @@ from machine.vocabulary import (
     ToolResult,
     block_problem,
     decision_from_json,
+    internal_error,
+    minted_id,
     retry_action_from_json,
     validate_chunk,
     validate_user_message,
@@ -156,6 +175,7 @@ class _EffectRecord:
 
     kind: str
     done: bool = False  # a terminal completion arrived, or the stream was released (P5, P10)
+    abandoned: bool = False  # outstanding when the model stopped (P16): completions dropped
 
 
 @dataclass
@@ -404,6 +424,7 @@ class ModelAgent:
         self._prior_failures: list[LlmFailure] = []
         self._disposing = False
         self._disposed = False
+        self._failure: ErrorInfo | None = None  # P16: set when the loop stopped
         # The turn being run (§8.1).
         self._turn = 0
         self._step = 0
@@ -478,6 +499,11 @@ class ModelAgent:
     def disposed(self) -> bool:
         """§17.3: teardown has completed."""
         return self._disposed
+
+    @property
+    def failure(self) -> ErrorInfo | None:
+        """P16: the internal failure that stopped the loop, or None."""
+        return self._failure
 
     @property
     def outstanding_effects(self) -> tuple[int, ...]:
@@ -618,8 +644,39 @@ class ModelAgent:
             self._proc = None
             self._waiting = None
             return True
+        except Exception as error:  # P16: the loop cannot go on; the model stops
+            self._stop(error)
+            return True
         self._waiting = yielded.effects if isinstance(yielded, _Wait) else None
         return True
+
+    def _stop(self, error: Exception) -> None:
+        """P16: the loop failed outside any turn it could still fail in order: the model
+        stops. Nothing is waited for any more (the outstanding effects are abandoned:
+        their completions are accepted and dropped); a disposing agent discards what is
+        queued (§17); busy, the window and a pending wake or retry are cleared;
+        ``agent/error`` names the failure, then ``idle`` if the agent was busy."""
+        info = internal_error(error)
+        self._failure = info
+        self._proc = None
+        self._waiting = None
+        self._mail = []
+        for record in self._effects.values():
+            if not record.done:
+                record.done = record.abandoned = True
+        self._wake_pending = False
+        self._wake_tick = None
+        self._owner = None
+        self._pending_retry = False
+        self._cancel_scope = None  # P7: no cancel is being delivered any more
+        if self._disposing:
+            self._cancel(CancelCause("disposed"), keep_inbox=False)
+        was_busy = self._busy
+        self._busy = False
+        self._window = False
+        self._live(ERROR, turn=self._turn, step=self._step, error=info.to_json())
+        if was_busy:
+            self._live(STATUS, status="idle")
 
     def _take_mail(self, effects: frozenset[int]) -> Completion | None:
         """P6: buffered completions are consumed in arrival order among the effects the
@@ -636,7 +693,9 @@ class ModelAgent:
         """P10: the effect must have been requested and not be completed or released."""
         record = self._effects.get(effect) if type(effect) is int else None
         if record is None:
-            raise ProtocolError(f"effect {effect!r} was never requested")
+            raise ProtocolError(f"effect {shown(effect)} was never requested")
+        if record.abandoned:
+            return record
         if record.done:
             raise ProtocolError(f"effect {effect} was already completed or released")
         return record
@@ -644,29 +703,40 @@ class ModelAgent:
     def resolve(self, effect: int, value: JsonLike = None) -> None:
         """P4, P6, P10: buffer a ``resolve``; refused for a model effect."""
         record = self._record(effect)
+        if record.abandoned:  # P16: accepted and dropped
+            record.abandoned = False
+            return
         if record.kind == MODEL:
             raise ProtocolError(f"effect {effect} is a model call: use chunk/end or raise")
         record.done = True
-        self._mail.append((effect, Resolve(effect, value)))
+        self._mail.append((effect, Resolve(effect, snapshot(value))))  # V6: taken at the call
 
     def fail(self, effect: int, error: ErrorInfo) -> None:
         """P4, P6, P10: buffer a ``raise``; the error must be an ErrorInfo."""
         if not isinstance(error, ErrorInfo):
             raise ProtocolError("raise needs an ErrorInfo")
         record = self._record(effect)
+        if record.abandoned:  # P16
+            record.abandoned = False
+            return
         record.done = True
         self._mail.append((effect, Raise(effect, error)))
 
     def chunk(self, effect: int, chunk: JsonLike) -> None:
         """P4, P6, P10: buffer a model chunk."""
         record = self._record(effect)
+        if record.abandoned:  # P16: the stream goes on; its chunks are dropped
+            return
         if record.kind != MODEL:
             raise ProtocolError(f"effect {effect} is not a model call")
-        self._mail.append((effect, Chunk(effect, chunk)))
+        self._mail.append((effect, Chunk(effect, snapshot(chunk))))  # V6: taken at the call
 
     def end(self, effect: int) -> None:
         """P4, P6, P10: buffer the end of a model stream."""
         record = self._record(effect)
+        if record.abandoned:  # P16
+            record.abandoned = False
+            return
         if record.kind != MODEL:
             raise ProtocolError(f"effect {effect} is not a model call")
         record.done = True
@@ -711,6 +781,9 @@ class ModelAgent:
         """§17.3, P10: after teardown every command but dispose raises."""
         if self._disposed:
             raise DisposedError("the agent is disposed")
+        if self._failure is not None:  # P16
+            raise CoreFailedError(f"the core stopped after an internal failure "
+                                  f"({self._failure.message}); only dispose() may be called")
 
     def send(self, message: JsonLike, options: JsonLike) -> None:
         """§5: validate options then message (§5.1, D5), snapshot, route by the window
@@ -718,8 +791,8 @@ class ModelAgent:
         §6.1), announce (§5.5). P7: input accepted while a cancel-requested is the last
         output pulled is moved into that cancel's pending reports."""
         self._check_not_disposed()
-        opts = SendOptions.from_json(options)
-        msg = validate_user_message(message)
+        opts = SendOptions.from_json(snapshot(options))  # V6: the arguments are taken first
+        msg = validate_user_message(snapshot(message))
         if opts.target == "next-step" and not opts.wakeup:  # inject (§5.2)
             if self._window:
                 self._outbox.append(_Staged(msg, steering=False))
@@ -728,7 +801,7 @@ class ModelAgent:
                     self._outbox.pop()
                     reports.context.append(msg)
             else:
-                self._append(USER_MESSAGE, _message_json(msg))
+                self._command_append(USER_MESSAGE, _message_json(msg), "append")
             return
         placement = "steering" if opts.target == "next-step" and self._window else "queued"
         if placement == "steering":
@@ -779,7 +852,7 @@ class ModelAgent:
     def cancel(self, cause: JsonLike, keep_inbox: bool = False) -> None:
         """§16, §1.10: validate the cause ({kind:'user'} or {kind:'parent'}), then cancel."""
         self._check_not_disposed()
-        parsed = CancelCause.from_json(cause)
+        parsed = CancelCause.from_json(snapshot(cause))
         if not isinstance(keep_inbox, bool):
             raise ValidationError("keepInbox", "must be a bool")
         self._cancel(parsed, keep_inbox)
@@ -883,8 +956,30 @@ class ModelAgent:
                source_event_seqs: Sequence[int] | None = None) -> Event:
         """P3: a direct append by extension code, checked before commit (§20.2, D7)."""
         self._check_not_disposed()
-        event = self.log.append(type, data, surface_op=surface_op,
-                                source_event_seqs=source_event_seqs)
+        if isinstance(type, str):
+            type = str.__str__(type)
+        if self._busy and isinstance(type, str) and type in (
+                TURN_START, TURN_END, STEP_START, STEP_END, ASSISTANT_CHUNK, ASSISTANT_MESSAGE,
+                TOOL_CALL, TOOL_RESULT):
+            # R20.4: while busy, the loop alone writes the records of its turns; a refusal
+            # of the log's own comes first.
+            self.log.check(type, data, surface_op=surface_op, source_event_seqs=source_event_seqs)
+            raise InvariantError("R20.4", f"{type} is written by the loop itself: a direct "
+                                 "append of it is refused while the agent is busy")
+        return self._command_append(type, data, surface_op, source_event_seqs)
+
+    def _command_append(self, type_: str, data: JsonLike, surface_op: JsonLike = None,
+                        source_event_seqs: Sequence[int] | None = None) -> Event:
+        """P3, P16: a command's append; a failure of it other than the log's own refusal is
+        raised as an InvariantError (nothing was appended)."""
+        try:
+            event = self.log.append(type_, data, surface_op=surface_op,
+                                    source_event_seqs=source_event_seqs)
+        except TurnstileError:
+            raise
+        except Exception as error:
+            raise InvariantError("L2", f"{type_}: nothing was appended: "
+                                 f"{internal_error(error).message}") from error
         self._queue(Durable(event))
         return event
 
@@ -1024,8 +1119,14 @@ class ModelAgent:
         self._window = False
         if not any(item.steering for item in self._outbox):
             while self._outbox:
-                staged = self._outbox.pop(0)
-                self._append(USER_MESSAGE, _message_json(staged.message))
+                try:
+                    self._append(USER_MESSAGE, _message_json(self._outbox[0].message))
+                except Exception as error:  # P16: the context stays staged
+                    self._warn("staged context could not be written: "
+                               f"{internal_error(error).message}")
+                    yield None
+                    break
+                self._outbox.pop(0)
                 yield None
 
     def _rejected_tick(self) -> Proc:
@@ -1041,7 +1142,9 @@ class ModelAgent:
         run (no settled, no status change); otherwise emit ``agent/settled``."""
         self._prior_failures = []
         while True:
-            yield from self._run(trigger, admitted, inherited)
+            started = yield from self._run(trigger, admitted, inherited)
+            if not started:  # P16: no turn, so nothing to flush or settle
+                return
             yield from self._flush()
             if self._pending_retry:  # §12.5
                 self._pending_retry = False
@@ -1063,8 +1166,9 @@ class ModelAgent:
             self._live(ERROR, turn=self._turn, step=self._step, error=completion.error.to_json())
             yield None
 
-    def _run(self, trigger: dict[str, JsonLike], admitted: list[Message], inherited: int) -> Proc:
-        """§8.1–§8.7: one turn."""
+    def _run(self, trigger: dict[str, JsonLike], admitted: list[Message], inherited: int
+             ) -> Generator[_Wait | None, Completion | None, bool]:
+        """§8.1–§8.7: one turn. False when its turn/start could not be written (P16)."""
         controller = self._new_controller()  # §8.1
         self._owner = controller
         self._window = True
@@ -1073,7 +1177,17 @@ class ModelAgent:
         self._settle = {"kind": "completed"}
         self._step = 0
         self._step_open = False
-        self._append(TURN_START, {"turn": self._turn, "trigger": trigger})  # §8.2
+        try:
+            self._append(TURN_START, {"turn": self._turn, "trigger": trigger})  # §8.2
+        except Exception as error:
+            # P16: the log refused the turn/start (a direct append left a turn open): there
+            # is no turn; a warning, and continue-or-idle as after a rejected admission.
+            self._window = False
+            self._owner = None
+            self._pending_retry = False
+            self._warn(f"the turn could not start: {internal_error(error).message}")
+            yield None
+            return False
         yield None
         try:
             limit = min(inherited, len(self._outbox))  # §8.3 step 1
@@ -1086,10 +1200,29 @@ class ModelAgent:
             yield from self._step_loop(controller)
         except _Stop as stop:
             yield from self._fail(controller, stop)
+        except Exception as error:  # P16: an internal failure fails the turn (§15.3)
+            yield from self._fail(controller, _Stop("generic", internal_error(error)))
         self._window = False  # §8.7
-        self._append(TURN_END, {"turn": self._turn, "reason": self._reason})
-        yield None
+        yield from self._closing(controller, TURN_END)
         self._owner = None
+        return True
+
+    def _closing(self, controller: _Controller, type_: str) -> Proc:
+        """P16: ``step/end`` or ``turn/end`` closing the turn. A refusal by the log becomes
+        the turn's failure (§15) and the append is tried once more; a second refusal
+        propagates (and stops the model)."""
+        def data() -> dict[str, JsonLike]:
+            if type_ == TURN_END:
+                return {"turn": self._turn, "reason": self._reason}
+            return {"turn": self._turn, "step": self._step}
+        try:
+            self._append(type_, data())
+        except Exception as error:
+            yield from self._classify(controller, _Stop("generic", internal_error(error)))
+            self._append(type_, data())
+        if type_ == STEP_END:
+            self._step_open = False
+        yield None
 
     def _check(self, controller: _Controller) -> None:
         """§0.7: a signal check on an aborted signal raises an abort inside the loop."""
@@ -1126,9 +1259,7 @@ class ModelAgent:
     def _fail(self, controller: _Controller, stop: _Stop) -> Proc:
         """§8.6: close an open step, then classify (§15)."""
         if self._step_open:
-            self._step_open = False
-            self._append(STEP_END, {"turn": self._turn, "step": self._step})
-            yield None
+            yield from self._closing(controller, STEP_END)
         yield from self._classify(controller, stop)
 
     def _classify(self, controller: _Controller, stop: _Stop) -> Proc:
@@ -1166,9 +1297,10 @@ class ModelAgent:
         took_steering = False
         taken = 0
         while self._outbox and (limit is None or taken < limit):
-            staged = self._outbox.pop(0)
+            staged = self._outbox[0]
             taken += 1
             if staged.steering:
+                self._outbox.pop(0)
                 took_steering = True
                 self._live(INBOX_DEQUEUE, message=_message_json(staged.message),
                            placement="steering")
@@ -1178,6 +1310,7 @@ class ModelAgent:
                 yield None
             else:
                 self._append(USER_MESSAGE, _message_json(staged.message))
+                self._outbox.pop(0)  # P16: taken once written (a refusal leaves it staged)
                 yield None
         return took_steering
 
@@ -1207,8 +1340,8 @@ class ModelAgent:
                            "INVALID_SYSTEM_PROMPT") from None
         self._check(controller)
         history_end = len(self.log)  # §9.4
-        self._step_open = True  # §9.5
-        self._append(STEP_START, {"turn": turn, "step": step})
+        self._append(STEP_START, {"turn": turn, "step": step})  # §9.5
+        self._step_open = True
         yield None
         self._check(controller)
         header = yield from self._build_request(controller, system)  # §9.6
@@ -1233,7 +1366,7 @@ class ModelAgent:
             source["replayState"] = finish["replayState"]
         frozen_source = freeze(source, "source")
         assert isinstance(frozen_source, FrozenDict)
-        message = Message(id=self._mint("assistant", seq), role="assistant",
+        message = Message(id=minted_id(self._mint, "assistant", seq), role="assistant",
                           content=FrozenList(content), source=frozen_source)
         data: dict[str, JsonLike] = {"turn": turn, "step": step, "message": _message_json(message)}
         if usage is not None:
@@ -1246,8 +1379,8 @@ class ModelAgent:
         if calls:  # §9.9
             concluded = yield from self._batch(controller, calls)
         took_steering = yield from self._drain(None)  # §9.10
-        self._step_open = False
         self._append(STEP_END, {"turn": turn, "step": step})
+        self._step_open = False
         yield None
         return _StepOutcome(continue_turn=(bool(calls) and not concluded) or took_steering,
                             concluded=concluded, max_tokens=finish_kind == "max-tokens")
@@ -1382,8 +1515,8 @@ class ModelAgent:
         aborted; a raise is a warning; classify (§15); leave the step loop."""
         error, failure = stop.error, stop.failure
         assert error is not None and failure is not None
-        self._step_open = False
         self._append(STEP_END, {"turn": self._turn, "step": self._step})
+        self._step_open = False
         yield None
         if controller.reason is None:
             effect = self._request(REQUEST_ERROR, turn=self._turn, step=self._step,
@@ -1633,7 +1766,7 @@ class ModelAgent:
 
     def _tool_message(self, call: _Call, content: list[dict[str, JsonLike]]) -> dict[str, JsonLike]:
         """§10.4 step 3: a new tool-result message, id ``tool-result-<seq>`` (P12)."""
-        return {"id": self._mint("tool-result", len(self.log)), "role": "user",
+        return {"id": minted_id(self._mint, "tool-result", len(self.log)), "role": "user",
                 "content": content, "source": {"kind": "tool", "callId": call.call_id}}
 
     def _append_synthetic(self, call: _Call, code: str, text: str) -> None:

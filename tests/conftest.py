@@ -132,3 +132,16 @@ def postgres_store(postgres: TemporaryPostgres, pg_schema: str) -> Iterator[Call
     for store in opened:
         with contextlib.suppress(StoreError):  # a test may leave a store without its server
             store.close()
+
+
+@pytest.fixture
+def restored_registries() -> Iterator[None]:
+    """Restore the extension registries after a test that registers (V3, V4)."""
+    from machine import vocabulary
+    blocks, sources = dict(vocabulary._block_checks), dict(vocabulary._source_checks)
+    yield
+    vocabulary._block_checks.clear()
+    vocabulary._block_checks.update(blocks)
+    vocabulary._source_checks.clear()
+    vocabulary._source_checks.update(sources)
+    vocabulary._MAPPED.clear()

@@ -16,7 +16,7 @@ from bench import run as bench_run  # noqa: E402
 
 SECTIONS = ("## Machine", "## Summary", "## 1. Core throughput", "## 2. The same workloads",
             "## 3. Per-transition dispatch cost", "## 4. Exploration", "## 5. Oracle speed",
-            "## 6. Session stores", "## 7. Memory")
+            "## 6. Session stores", "## 7. Memory", "## 8. Memory of a session load")
 
 
 def test_a_quick_run_writes_every_section(tmp_path: Path) -> None:

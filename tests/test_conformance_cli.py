@@ -214,3 +214,43 @@ def test_loose_fields_only_need_their_prefix(tmp_path: Path) -> None:
     path = copy_vector(tmp_path, "R-invalid-decisions", strict)
     status, out, _ = check(str(path))
     assert status == 1 and "  difference at /text: expected" in out
+
+
+@pytest.mark.parametrize("depth", [5000, 100_000])
+def test_record_reports_a_draft_nested_too_deeply_as_malformed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], depth: int) -> None:
+    """Issue 14.8: `turnstile record` on deeply nested JSON exited 70 (internal error); it
+    is a malformed draft (exit 3), as for check, run and verify-trace."""
+    nested = "[" * depth + "]" * depth
+    for text in (nested, '{"steps": [{"in": "followup", "message": ' + nested + '}]}'):
+        draft = tmp_path / "draft.json"
+        draft.write_text(text, encoding="utf-8")
+        assert main(["record", str(draft)]) == 3
+        err = capsys.readouterr().err
+        assert err == f"turnstile record: malformed draft: {draft}: invalid JSON: nested too deeply\n"
+        assert main(["check", str(draft)]) == 3
+        assert "nested too deeply" in capsys.readouterr().err
+
+
+def test_record_of_a_value_deeper_than_V1_records_the_refusal(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A draft that parses but carries a value deeper than V1 allows: the followup is
+    recorded as refused (validation), and the vector checks."""
+    nested = "[" * 300 + "]" * 300
+    draft = tmp_path / "deep-draft.json"
+    draft.write_text('{"id": "deep-draft", "steps": [{"in": "followup", "message": {"id": "m", '
+                     '"role": "user", "content": [{"type": "x", "v": ' + nested + '}], '
+                     '"source": {"kind": "user"}}}, {"pull": "all"}]}', encoding="utf-8")
+    out = tmp_path / "deep-draft.json"
+    assert main(["record", str(draft), "-o", str(out)]) == 0
+    capsys.readouterr()
+    vector = json.loads(out.read_text(encoding="utf-8"))
+    assert vector["steps"][0]["raises"] == "validation"
+    assert main(["check", str(out)]) == 0
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-5", "0", "soon"])
+def test_check_refuses_a_timeout_that_is_not_a_positive_number(
+        value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--timeout", value, "--port", "x"]) == 2
+    assert "argument --timeout" in capsys.readouterr().err

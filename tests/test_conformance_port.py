@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import shlex
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -215,3 +218,74 @@ def test_serve_reads_lines_until_bye() -> None:
     replies = out.getvalue().splitlines()
     assert len(replies) == 3 and replies[1].startswith('{"op":"error","message":"not JSON')
     assert replies[2] == '{"op":"bye"}'
+
+
+# --------------------------------------------------------------------------
+# A port that leaves children behind, or floods its output (issue 14.4)
+# --------------------------------------------------------------------------
+
+
+def _gone(pid: int, within: float = 60.0) -> bool:
+    """Whether process *pid* is gone (or a zombie) within *within* seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def wrapped(tmp_path: Path, bug: str) -> tuple[str, Path]:
+    """A wrapper in the manner of `npm run`: a shell that starts a helper holding the
+    port's standard output, then becomes the port. Returns the command and where the
+    helper's pid is written."""
+    pidfile = tmp_path / f"helper-{bug}.pid"
+    script = (f"sleep 600 & echo $! > {shlex.quote(str(pidfile))}; "
+              f"exec {wrong_port('--bug', bug)}")
+    return shlex.join(["sh", "-c", script]), pidfile
+
+
+def test_a_port_whose_wrapper_leaves_a_child_on_its_output_is_ended_with_its_group(
+        tmp_path: Path) -> None:
+    """Issue 14.4: the helper holds the port's output open, so the end of the output never
+    comes; the checker times out, ends the port's whole process group and exits 4."""
+    port, pidfile = wrapped(tmp_path, "hang")
+    status, out, _ = run_check([A1], port, timeout=2.0)
+    assert status == 4
+    assert 'no reply within 2s in reply to {"op":"start"' in out
+    assert _gone(int(pidfile.read_text()))
+
+
+def test_a_port_that_exits_while_a_child_holds_its_output_is_reported_as_exited(
+        tmp_path: Path) -> None:
+    """The port itself exits at the first pull; its helper still holds the output. The
+    checker notices the exit without waiting for the (generous) reply timeout."""
+    port, pidfile = wrapped(tmp_path, "exit")
+    started = time.monotonic()
+    status, out, _ = run_check([A1], port, timeout=600.0)
+    assert status == 4
+    assert "the port exited with status 3" in out
+    assert time.monotonic() - started < 300      # far below the 600 s reply timeout
+    assert _gone(int(pidfile.read_text()))
+
+
+@pytest.mark.parametrize("bug", ["huge-line", "endless"])
+def test_a_port_flooding_its_output_exits_4_without_a_traceback(bug: str) -> None:
+    """A 300 MB reply line, or output that never ends: `turnstile check --port` reads at
+    most MAX_LINE_BYTES of a line and QUEUED_LINES ahead, reports a port failure (exit 4)
+    and nothing on standard error."""
+    done = subprocess.run(
+        [sys.executable, "-m", "machine.cli", "check", "--timeout", "120", "--port",
+         wrong_port("--bug", bug), A1],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 4, (done.stdout, done.stderr)
+    assert done.stderr == "" and "Traceback" not in done.stdout
+    if bug == "huge-line":
+        assert "a reply line longer than 16,777,216 bytes" in done.stdout
+    else:
+        assert "not JSON" in done.stdout

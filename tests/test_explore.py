@@ -238,3 +238,19 @@ def test_monitor_reports_a_discard_before_enqueue() -> None:
         {"id": "x", "role": "user", "content": [], "source": {"kind": "user"}}]})))  # type: ignore[arg-type]
     with pytest.raises(AgentInvariantError, match=r"R20\.1b"):
         monitor.output(bogus)
+
+
+@pytest.mark.parametrize(("argv", "problem"), [
+    (["--seconds", "-5"], "argument --seconds: '-5': must be a positive, finite number"),
+    (["--seconds", "nan"], "argument --seconds: 'nan': must be a positive, finite number"),
+    (["--seconds", "inf"], "argument --seconds: 'inf': must be a positive, finite number"),
+    (["--seconds", "0"], "argument --seconds: '0': must be a positive, finite number"),
+    (["--depth", "-1"], "argument --depth: '-1': must be 0 or more"),
+    (["--depth", "2.5"], "argument --depth: '2.5' is not an integer"),
+])
+def test_explore_refuses_numbers_out_of_range(argv: list[str], problem: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 14.10: `explore --seconds -5` and `--seconds nan` were accepted (exit 0)."""
+    from machine.cli import main
+    assert main(["explore", *argv, "--quiet"]) == 2
+    assert problem in capsys.readouterr().err

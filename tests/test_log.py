@@ -1313,18 +1313,6 @@ def test_iteration_and_indexing_agree() -> None:
     assert list(iterate(log)) == [log[i] for i in range(len(log))]
 
 
-@pytest.fixture
-def restored_registries() -> Iterator[None]:
-    """Restore the extension registries after a test that registers (V3, V4)."""
-    from machine import vocabulary
-    blocks, sources = dict(vocabulary._block_checks), dict(vocabulary._source_checks)
-    yield
-    vocabulary._block_checks.clear()
-    vocabulary._block_checks.update(blocks)
-    vocabulary._source_checks.clear()
-    vocabulary._source_checks.update(sources)
-
-
 @pytest.mark.usefixtures("restored_registries")
 def test_L2_a_registration_between_check_and_commit_is_honoured() -> None:
     # Found by review of mutation survivors: commit reused check's verdict even though a

@@ -82,11 +82,15 @@ def test_damage_in_a_store_file_is_invalid_with_its_position(
 def test_a_store_file_whose_events_break_an_invariant_is_invalid(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     # a valid record (its checksum holds) whose event breaks L4: turn/end of a turn never started
+    from machine.store.codec import header_uid
     from machine.store.jsonl import encode_record
     path = stored(tmp_path)
+    uid = header_uid(path.read_bytes().split(b"\n", 1)[0])   # the session's identity (S30)
+    assert uid is not None
     with path.open("ab") as file:
         file.write(encode_record(Event.from_json({"type": "turn/end", "seq": 4, "time": 4,
-                                                  "data": {"turn": 3, "reason": {"kind": "completed"}}})))
+                                                  "data": {"turn": 3, "reason": {"kind": "completed"}}}),
+                                 uid))
     status, out, _ = run(capsys, str(path))
     assert status == 1 and "invariant-violation at record 4" in out[0] and "[L4]" in out[0]
 

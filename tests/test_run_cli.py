@@ -535,3 +535,18 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_run_is_a_registered_command() -> None:
     assert {"log", "run", "diagrams"} <= set(cli.COMMANDS)
+
+
+def test_V23_a_lone_surrogate_in_a_script_is_refused_by_the_core_not_an_internal_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 14.5: `turnstile run` reported an 'internal error' for a lone surrogate; the
+    core refuses it at acceptance (V23), with the path and the index of the surrogate."""
+    text = json.dumps(script({"in": "followup", "message": user("p\ud800")}))
+    assert "\\ud800" in text                     # as a JSON escape, the only way to spell it
+    path = write_script(tmp_path, text)
+    status, out, err = run(capsys, "run", path)
+    assert status == 2
+    assert err == (f"turnstile run: {path}: inputs[0]: refused by the core "
+                   "(NotJsonCompatibleError): message.id: the string holds a lone surrogate "
+                   "(U+D800 at index 1), which UTF-8 JSON cannot represent\n")
+    assert all("out" in json.loads(line) for line in out)

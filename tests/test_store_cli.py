@@ -209,3 +209,73 @@ def test_S22_postgresql_target_errors_exit_2_without_the_password(
     status, out = run(capsys, "log", "show", *[a.format(db=sqlite) for a in argv])
     assert status == 2 and len(out) == 1
     assert "hunter2" not in out[0]
+
+
+def test_S22_V23_show_json_of_a_stored_lone_surrogate_reports_damage_without_a_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 14.5: a lone surrogate stored by an earlier release crashed `log show --json`
+    (a traceback, and an empty export that validated as 'OK (0 events)'). A record holding
+    one is undecodable damage now: the intact events before it are exported, exit 1."""
+    import zlib
+
+    from machine.store.codec import canonical
+    events = sample_session(open_tail=False)
+    fields = {"version": 1, "kind": "header", "session": "old"}
+    lines = [canonical({**fields, "crc": zlib.crc32(canonical(fields))})]
+    for event in events[:2]:
+        raw = canonical(event.to_json())
+        lines.append(b'{"crc":%d,"event":%s}' % (zlib.crc32(raw), raw))
+    bad = json.loads(canonical(events[2].to_json()))        # the user/message of turn 1
+    bad["data"]["content"] = [{"type": "text", "text": "\ud800"}]
+    raw = json.dumps(bad, sort_keys=True, separators=(",", ":")).encode("ascii")
+    assert b"\\ud800" in raw
+    lines.append(b'{"crc":%d,"event":%s}' % (zlib.crc32(raw), raw))
+    path = tmp_path / "old.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    status, out = run(capsys, "log", "show", str(path), "--json")
+    assert status == 1 and len(out) == 2
+    exported = tmp_path / "exported.jsonl"
+    exported.write_text("\n".join(out) + "\n", encoding="utf-8")
+    status, verdict = run(capsys, "log", "validate", str(exported))
+    assert status == 0 and verdict == [f"{exported}: OK (2 events, 1 turn, turn 1 still open)"]
+    status, shown = run(capsys, "log", "show", str(path))
+    assert status == 1
+    assert any("undecodable at record 2" in line and "lone surrogate" in line for line in shown)
+    assert any("format version 1" in line for line in shown)
+
+
+def test_S22_fork_refuses_a_negative_boundary_as_usage(jsonl: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["log", "fork", str(jsonl), "--at", "-1"]) == 2
+    assert "argument --at: '-1': must be 0 or more" in capsys.readouterr().err
+
+
+def test_S32_show_on_an_unreadable_session_names_the_cause(
+        jsonl: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import os
+
+    def denied(self: Path, *_args: object, **_kwargs: object) -> object:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+
+    monkeypatch.setattr(Path, "open", denied)
+    status, out = run(capsys, "log", "show", str(jsonl))
+    assert status == 2 and "Permission denied" in out[-1]
+    monkeypatch.undo()
+    real_open = Path.open
+
+    opened = [0]
+
+    def denied_for_the_store(self: Path, *args: object, **kwargs: object) -> object:
+        # The command reads the target's first bytes (is it SQLite?), then the store reads
+        # the session: only the store is denied.
+        if self.name == "s.jsonl":
+            opened[0] += 1
+            if opened[0] > 1:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real_open(self, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(Path, "open", denied_for_the_store)
+    status, out = run(capsys, "log", "show", str(jsonl))
+    assert status == 1
+    assert out[-1].endswith("Permission denied [STORE_READ_FAILED]"), out

@@ -24,7 +24,7 @@ from machine.store import (
 )
 from machine.store import jsonl as jsonl_module
 from machine.store.base import BaseStore
-from machine.store.codec import canonical, event_bytes
+from machine.store.codec import canonical, event_bytes, header_uid, record_crc
 from machine.store.jsonl import encode_record, parse_jsonl
 from machine.store.postgres import row_crc
 from machine.store.repair import closers, scan
@@ -65,6 +65,10 @@ class Jsonl:
     def snapshot(self) -> object:
         return sorted((p.name, p.read_bytes()) for p in self.root.iterdir())
 
+    def uid(self) -> str | None:
+        """The session's identity, which a record's checksum covers (S8)."""
+        return header_uid(self.lines()[0])
+
     def _edit(self, edit: Callable[[list[bytes]], None]) -> None:
         lines = self.lines()
         edit(lines)
@@ -84,8 +88,9 @@ class Jsonl:
 
     def not_an_event(self, index: int) -> None:
         raw = canonical({"x": 1})
+        uid = self.uid()
         self._edit(lambda lines: lines.__setitem__(
-            index + 1, b'{"crc":%d,"event":%s}\n' % (zlib.crc32(raw), raw)))
+            index + 1, b'{"crc":%d,"event":%s}\n' % (record_crc(raw, uid), raw)))
 
     def drop(self, index: int) -> None:
         self._edit(lambda lines: lines.__delitem__(index + 1))
@@ -94,7 +99,8 @@ class Jsonl:
         self._edit(lambda lines: lines.insert(index + 2, lines[index + 1]))
 
     def replace(self, event: Event) -> None:
-        self._edit(lambda lines: lines.__setitem__(event.seq + 1, encode_record(event)))
+        uid = self.uid()
+        self._edit(lambda lines: lines.__setitem__(event.seq + 1, encode_record(event, uid)))
 
     def header(self) -> None:
         self._edit(lambda lines: lines.__setitem__(0, lines[0].replace(b"/cwd", b"/cwX")))
@@ -130,28 +136,39 @@ class Sqlite:
         finally:
             db.close()
 
+    def uid(self) -> str | None:
+        db = sqlite3.connect(self.path)
+        try:
+            (header,) = db.execute("SELECT header FROM sessions WHERE id=?", (SESSION,)).fetchone()
+        finally:
+            db.close()
+        return header_uid(bytes(header))
+
     def checksum(self, index: int) -> None:
         self._sql("UPDATE events SET crc = (crc + 1) % 4294967296 WHERE idx=?", index)
 
     def garbage(self, index: int) -> None:
         raw = b"this is not a record"
-        self._sql("UPDATE events SET record=?, crc=? WHERE idx=?", raw, zlib.crc32(raw), index)
+        self._sql("UPDATE events SET record=?, crc=? WHERE idx=?", raw,
+                  record_crc(raw, self.uid()), index)
 
     def not_an_event(self, index: int) -> None:
         raw = canonical({"x": 1})
-        self._sql("UPDATE events SET record=?, crc=? WHERE idx=?", raw, zlib.crc32(raw), index)
+        self._sql("UPDATE events SET record=?, crc=? WHERE idx=?", raw,
+                  record_crc(raw, self.uid()), index)
 
     def drop(self, index: int) -> None:
         self._sql("DELETE FROM events WHERE idx=?", index)
 
     def duplicate(self, index: int) -> None:
         raw = event_bytes(EVENTS[index])
-        self._sql("UPDATE events SET record=?, crc=? WHERE idx=?", raw, zlib.crc32(raw), index + 1)
+        self._sql("UPDATE events SET record=?, crc=? WHERE idx=?", raw,
+                  record_crc(raw, self.uid()), index + 1)
 
     def replace(self, event: Event) -> None:
         raw = event_bytes(event)
-        self._sql("UPDATE events SET record=?, crc=? WHERE idx=?", raw, zlib.crc32(raw),
-                  event.seq)
+        self._sql("UPDATE events SET record=?, crc=? WHERE idx=?", raw,
+                  record_crc(raw, self.uid()), event.seq)
 
     def header(self) -> None:
         self._sql("UPDATE sessions SET header=replace(header, '/cwd', '/cwX')")
@@ -345,7 +362,7 @@ def jsonl(tmp_path: Path) -> Jsonl:
 
 def test_S9_a_torn_final_record_is_cut_off(jsonl: Jsonl) -> None:
     data = jsonl.path.read_bytes()
-    jsonl.path.write_bytes(data + encode_record(bad_event(len(EVENTS)))[:40])
+    jsonl.path.write_bytes(data + encode_record(bad_event(len(EVENTS)), jsonl.uid())[:40])
     with jsonl.store() as store:
         result = store.load(SESSION)
     assert list(result.events) == EVENTS and result.report.truncated_bytes == 40
@@ -359,7 +376,7 @@ def test_S9_a_complete_record_without_its_newline_is_torn(jsonl: Jsonl) -> None:
     with jsonl.store() as store:
         result = store.load(SESSION)
     assert list(result.events) == EVENTS[:-1]
-    assert result.report.truncated_bytes == len(encode_record(EVENTS[-1])) - 1
+    assert result.report.truncated_bytes == len(encode_record(EVENTS[-1], jsonl.uid())) - 1
 
 
 @pytest.mark.parametrize("suffix", [b"X", b" ", b"\x00", b"}"], ids=["letter", "space", "nul", "brace"])
@@ -418,7 +435,7 @@ def test_S8_a_header_naming_another_session_is_damage(jsonl: Jsonl) -> None:
 
 
 def test_S9_unsupported_format_versions_are_refused_even_in_salvage(jsonl: Jsonl) -> None:
-    fields = {"version": 2, "kind": "header", "session": SESSION}
+    fields = {"version": 3, "kind": "header", "session": SESSION}
     header = canonical({**fields, "crc": zlib.crc32(canonical(fields))})
     lines = jsonl.lines()
     lines[0] = header + b"\n"
@@ -445,7 +462,8 @@ def test_parse_jsonl_positions_are_byte_offsets(jsonl: Jsonl) -> None:
     for record in stored.records:
         assert record.byte_offset is not None
         line_end = data.index(b"\n", record.byte_offset)
-        assert data[record.byte_offset:line_end + 1] == encode_record(EVENTS[record.index])
+        assert data[record.byte_offset:line_end + 1] == encode_record(EVENTS[record.index],
+                                                                      jsonl.uid())
 
 
 # --------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from machine import argtypes
 from machine.conformance.recorder import RecordingCore
 from machine.conformance.trace import trace_lines, verify_trace
 from machine.conformance.vectors import config_from_json
@@ -89,7 +90,8 @@ def _core_only(path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--turns", type=int, default=2000, help="turns in the session (2000)")
+    parser.add_argument("--turns", type=argtypes.positive_count, default=2000,
+                        help="turns in the session (2000)")
     parser.add_argument("--keep", metavar="FILE", help="write the trace here and keep it")
     args = parser.parse_args(argv)
     path = args.keep or tempfile.mkstemp(suffix=".jsonl", prefix="turnstile-bench-")[1]

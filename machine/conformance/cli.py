@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-from machine import __version__
+from machine import __version__, argtypes
 from machine.conformance import adapter as adapter_module
 from machine.conformance.checker import (
     STATUSES,
@@ -109,7 +109,7 @@ def configure_check(parser: argparse.ArgumentParser) -> None:
                         help="vector files or directories (default: the shipped corpus)")
     parser.add_argument("--port", metavar="COMMAND",
                         help="run the vectors against the adapter started by COMMAND")
-    parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+    parser.add_argument("--timeout", type=argtypes.seconds, default=10.0, metavar="SECONDS",
                         help="how long to wait for each adapter reply (default 10)")
     parser.add_argument("--version", action="store_true",
                         help="print the versions of turnstile and of the corpus, where the "
@@ -140,7 +140,7 @@ def configure_check(parser: argparse.ArgumentParser) -> None:
     output.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE")
     output.add_argument("-v", "--verbose", action="store_true",
                         help="also list passed, skipped and known-failure vectors")
-    parser.add_argument("--start-timeout", type=float, default=DEFAULT_START_TIMEOUT,
+    parser.add_argument("--start-timeout", type=argtypes.seconds, default=DEFAULT_START_TIMEOUT,
                         metavar="SECONDS", help="how long to wait for a started adapter's "
                         f"handshake (default {DEFAULT_START_TIMEOUT:g})")
 

@@ -4,21 +4,32 @@
 then translates ``start``/``feed``/``pull`` into requests, one JSON line
 each, reading the replies with a timeout. Anything the port does outside
 the protocol (a reply that is not JSON, a missing or mistyped field, an
-unexpected ``op``, an ``error`` reply, no reply in time, exiting) raises
-`PortFailure` with the reply's line number in the port's output and the
-offending field.
+unexpected ``op``, an ``error`` reply, no reply in time, exiting, a reply line
+longer than `MAX_LINE_BYTES`) raises `PortFailure` with the reply's line number
+in the port's output and the offending field.
+
+The port runs in a session (and process group) of its own, and closing the subject
+ends that whole group, so a wrapper that leaves a child holding the port's output
+(``npm run``, ``sh -c 'helper & exec port'``) can neither keep the checker waiting
+nor outlive it. The port's output is read by a thread with bounded memory: at most
+`MAX_LINE_BYTES` a line and `QUEUED_LINES` lines ahead of the checker; whatever goes
+wrong while reading becomes a `PortFailure`, never a traceback.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
+import os
 import queue
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +44,22 @@ __all__ = ["PortInfo", "PortSubject"]
 
 PROTOCOL_VERSION: Final = 1
 STDERR_LINES: Final = 12
+#: The longest reply line read from a port (a reply is one output: kilobytes, not megabytes).
+MAX_LINE_BYTES: Final = 16 << 20
+#: How many lines the reader may read ahead of the checker (so endless output is bounded).
+QUEUED_LINES: Final = 256
+#: How long a port may take to exit after ``bye`` before its process group is killed.
+EXIT_GRACE: Final = 2.0
+_STDERR_LINE_BYTES: Final = 4096
 _EOF: Final = object()
+_POLL: Final = 0.2          # how often a wait for a reply checks whether the port exited
+
+
+class _Unreadable:
+    """What the reader thread queues when the port's output cannot be read any further."""
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,14 +75,16 @@ class PortSubject:
     """A port's adapter process, driven through the adapter protocol."""
 
     def __init__(self, command: str, *, timeout: float = 10.0,
-                 start_timeout: float = 60.0) -> None:
+                 start_timeout: float = 60.0,
+                 max_line_bytes: int = MAX_LINE_BYTES) -> None:
         self.command = command
         self.timeout = timeout
         #: the handshake's budget: starting a process (and its imports) on a loaded machine
         #: can take much longer than answering a request, and is not a hang
         self.start_timeout = start_timeout
+        self.max_line_bytes = max_line_bytes
         self.name = command
-        self._lines: queue.Queue[object] = queue.Queue()
+        self._lines: queue.Queue[object] = queue.Queue(maxsize=QUEUED_LINES)
         self._stderr: deque[str] = deque(maxlen=STDERR_LINES)
         self._reply_line = 0
         self._where = ""
@@ -73,14 +101,23 @@ class PortSubject:
             if beside.is_file():
                 argv[0] = str(beside)
         try:
+            # Why a session of its own: the port's process group is ended as a whole (close).
             self._process = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, encoding="utf-8", errors="replace", bufsize=1)
+                start_new_session=hasattr(os, "killpg"))
         except OSError as error:
             raise PortFailure(f"cannot start the port {command!r}: {error.strerror or error}") from None
         assert self._process.stdout is not None and self._process.stderr is not None
-        threading.Thread(target=self._read, args=(self._process.stdout,), daemon=True).start()
-        threading.Thread(target=self._read_stderr, args=(self._process.stderr,), daemon=True).start()
+        self._stdout = self._process.stdout
+        self._stderr_stream = self._process.stderr
+        self._closed = False
+        self._readers = [
+            threading.Thread(target=self._read, args=(self._stdout,), daemon=True,
+                             name="turnstile-port-stdout"),
+            threading.Thread(target=self._read_stderr, args=(self._stderr_stream,),
+                             daemon=True, name="turnstile-port-stderr")]
+        for reader in self._readers:
+            reader.start()
         try:
             self.info = self._handshake()
         except PortFailure:
@@ -88,19 +125,64 @@ class PortSubject:
             raise
 
     # -- plumbing -------------------------------------------------------------
-    def _read(self, stream: IO[str]) -> None:
-        for line in stream:
-            self._lines.put(line)
-        self._lines.put(_EOF)
+    def _read(self, stream: IO[bytes]) -> None:
+        """The reader thread: lines of at most `max_line_bytes`, decoded as UTF-8 (invalid
+        bytes replaced), at most `QUEUED_LINES` ahead; ends with _EOF or an _Unreadable."""
+        last: object = _EOF
+        try:
+            while not self._closed:
+                line = stream.readline(self.max_line_bytes + 1)
+                if not line:
+                    break
+                if len(line) > self.max_line_bytes and not line.endswith(b"\n"):
+                    last = _Unreadable(f"a reply line longer than {self.max_line_bytes:,} bytes")
+                    break
+                self._put(line.decode("utf-8", "replace"))
+        except Exception as error:   # a pipe closed under the thread, memory: no traceback
+            last = _Unreadable(f"its output could not be read ({type(error).__name__}: "
+                               f"{error})")
+        self._put(last)
 
-    def _read_stderr(self, stream: IO[str]) -> None:
-        for line in stream:
-            self._stderr.append(line.rstrip("\n"))
+    def _put(self, item: object) -> None:
+        """Queue *item*, waiting while the checker is behind, unless the subject closed."""
+        while not self._closed:
+            try:
+                self._lines.put(item, timeout=_POLL)
+                return
+            except queue.Full:
+                continue
+
+    def _read_stderr(self, stream: IO[bytes]) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        with contextlib.suppress(Exception):     # never a traceback from this thread
+            while True:
+                line = stream.readline(_STDERR_LINE_BYTES)
+                if not line:
+                    break
+                self._stderr.append(decoder.decode(line).rstrip("\n"))
+
+    def _leader_exit(self) -> int | None:
+        """The port process's exit status if it has exited, without reaping it (so its pid,
+        which names its process group, stays taken until the group is ended)."""
+        if self._process.returncode is not None:
+            return self._process.returncode
+        waitid = getattr(os, "waitid", None)
+        if waitid is None:  # pragma: no cover - not POSIX
+            return self._process.poll()
+        try:
+            info = waitid(os.P_PID, self._process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return self._process.poll()
+        if info is None:
+            return None
+        status = int(info.si_status)
+        return status if info.si_code == os.CLD_EXITED else -status
 
     def _exit_text(self) -> str:
-        code = None
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            code = self._process.wait(timeout=1.0)
+        code: int | None = None
+        deadline = time.monotonic() + 1.0
+        while (code := self._leader_exit()) is None and time.monotonic() < deadline:
+            time.sleep(0.02)
         text = "the port exited" + (f" with status {code}" if code is not None else "")
         if self._stderr:
             text += "; its last standard error lines:\n    " + "\n    ".join(self._stderr)
@@ -109,8 +191,12 @@ class PortSubject:
     def _send(self, request: dict[str, Any]) -> None:
         stdin = self._process.stdin
         assert stdin is not None
+        # Why backslashreplace: a lone surrogate (only ever inside a JSON string) is written
+        # as its JSON escape, so the line stays valid UTF-8 and means the same.
+        data = (json.dumps(request, ensure_ascii=False, separators=(",", ":")) + "\n"
+                ).encode("utf-8", "backslashreplace")
         try:
-            stdin.write(json.dumps(request, ensure_ascii=False, separators=(",", ":")) + "\n")
+            stdin.write(data)
             stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
             raise PortFailure(f"{self._exit_text()} (while sending {jsoncmp.render(request, 120)})"
@@ -119,15 +205,11 @@ class PortSubject:
     def _reply(self, request: dict[str, Any], expected: Sequence[str], *,
                timeout: float | None = None) -> dict[str, Any]:
         about = f"in reply to {jsoncmp.render(request, 120)}"
-        budget = self.timeout if timeout is None else timeout
-        try:
-            line = self._lines.get(timeout=budget)
-        except queue.Empty:
+        line = self._next_line(about, self.timeout if timeout is None else timeout)
+        if isinstance(line, _Unreadable):
             self._broken = True
-            raise PortFailure(f"no reply within {budget:g}s {about}") from None
-        if line is _EOF:
-            self._lines.put(_EOF)
-            raise PortFailure(f"{self._exit_text()} ({about})")
+            raise PortFailure(f"port reply line {self._reply_line + 1} ({about}): "
+                              f"{line.problem}")
         assert isinstance(line, str)
         self._reply_line += 1
         where = f"port reply line {self._reply_line} ({about})"
@@ -153,6 +235,31 @@ class PortSubject:
                               f"got {jsoncmp.render(op, 60)}")
         self._where = where
         return reply
+
+    def _next_line(self, about: str, timeout: float) -> object:
+        """The next line of the port's output within *timeout*; PortFailure when none
+        comes, or when the port exited (even if a child of it still holds its output)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                line = self._lines.get(timeout=max(0.0, min(remaining, _POLL)))
+            except queue.Empty:
+                if self._leader_exit() is not None:
+                    try:      # what it wrote before exiting has been read by now, or never
+                        line = self._lines.get(timeout=_POLL)
+                    except queue.Empty:
+                        raise PortFailure(f"{self._exit_text()} ({about})") from None
+                elif remaining <= 0:
+                    self._broken = True
+                    raise PortFailure(f"no reply within {timeout:g}s {about}") from None
+                else:
+                    continue
+            if line is _EOF:
+                with contextlib.suppress(queue.Full):
+                    self._lines.put_nowait(_EOF)
+                raise PortFailure(f"{self._exit_text()} ({about})")
+            return line
 
     def _field(self, reply: dict[str, Any], name: str, problem: str) -> PortFailure:
         return PortFailure(f"{self._where}: field /{name}: {problem}")
@@ -225,23 +332,42 @@ class PortSubject:
         return outputs
 
     def close(self) -> None:
+        """Say ``bye``, give the port `EXIT_GRACE` to exit, then end its whole process group
+        (whatever it left behind), reap it and close the pipes. Never blocks for longer."""
+        if self._closed:
+            return
         process = self._process
-        if self._broken and process.poll() is None:
-            process.kill()
-        if process.poll() is None:
+        stdin = process.stdin
+        if not self._broken and self._leader_exit() is None:
             with contextlib.suppress(OSError, ValueError):
-                assert process.stdin is not None
-                process.stdin.write('{"op":"bye"}\n')
-                process.stdin.flush()
-            with contextlib.suppress(OSError, ValueError):
-                assert process.stdin is not None
-                process.stdin.close()
-            try:
-                process.wait(timeout=2.0)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        for stream in (process.stdout, process.stderr):
-            if stream is not None:
+                assert stdin is not None
+                stdin.write(b'{"op":"bye"}\n')
+                stdin.flush()
+            deadline = time.monotonic() + EXIT_GRACE
+            while self._leader_exit() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+        self._closed = True
+        self._end_group()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=EXIT_GRACE)
+        with contextlib.suppress(OSError, ValueError):
+            if stdin is not None:
+                stdin.close()
+        for reader, stream in zip(self._readers, (self._stdout, self._stderr_stream),
+                                  strict=True):
+            # Why join first: closing a stream while its reader is inside readline blocks on
+            # the stream's lock. With the group ended the reader sees the end of the pipe; a
+            # process that escaped the group may still hold it, and then the stream is left.
+            reader.join(timeout=EXIT_GRACE)
+            if not reader.is_alive():
                 with contextlib.suppress(OSError, ValueError):
                     stream.close()
+
+    def _end_group(self) -> None:
+        """SIGKILL the port's process group (its own session, see __init__), or the port."""
+        if hasattr(os, "killpg"):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._process.pid, signal.SIGKILL)
+        else:  # pragma: no cover - not POSIX
+            with contextlib.suppress(OSError):
+                self._process.kill()

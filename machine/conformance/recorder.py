@@ -246,6 +246,8 @@ def record_draft(path: str | Path) -> Vector:
     except _Problem as problem:
         raise MalformedError(name, line_of(text, problem.path), jsoncmp.pointer(problem.path),
                              problem.problem) from None
+    except RecursionError:   # a value nested deeper than any walk of it can go
+        raise MalformedError(name, None, "", "a value is nested too deeply") from None
 
 
 def _record(value: Any) -> Vector:

@@ -194,8 +194,12 @@ def _no_constant(name: str) -> None:
 
 
 def decode_json(text: str) -> Any:
-    """json.loads, refusing duplicate keys and NaN/Infinity (ValueError / JSONDecodeError)."""
-    return json.loads(text, object_pairs_hook=_object_pairs, parse_constant=_no_constant)
+    """json.loads, refusing duplicate keys and NaN/Infinity (ValueError / JSONDecodeError);
+    a document nested too deeply for the parser is a ValueError too ("nested too deeply")."""
+    try:
+        return json.loads(text, object_pairs_hook=_object_pairs, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def load_vector(path: str | Path) -> Vector:

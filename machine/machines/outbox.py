@@ -72,6 +72,11 @@ class Outbox:
         self._steering -= steering
         return message, steering
 
+    @property
+    def front(self) -> tuple[Message, bool]:
+        """The front item, left in place (a drain takes it once it is written)."""
+        return self._items[0]
+
     def clear(self) -> tuple[list[Message], list[Message]]:
         """Empty it; return (steering, contexts), each in FIFO order (R16.2)."""
         self.state = step(TABLE, NAME, self.state, "clear")

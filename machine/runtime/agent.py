@@ -39,7 +39,7 @@ from machine.core import AgentCore, CoreConfig
 from machine.errors import ProtocolError, ValidationError
 from machine.events import Event, LiveEvent
 from machine.io import MODEL, TICK, Control, Durable, Effect, Input, Live, Output
-from machine.jsonvalue import FrozenDict
+from machine.jsonvalue import FrozenDict, snapshot
 from machine.log import SessionLog
 from machine.runtime.environment import Environment, Immediate, SystemPrompt, Work
 from machine.runtime.failures import CANCELLED, EXITS, AgentTimeoutError, error_info
@@ -662,14 +662,15 @@ class Agent:
 
     def _complete(self, kind: Literal["resolve", "raise", "chunk", "end"], effect_id: int,
                   value: object) -> None:
-        """Work finished: it enters the core on the next pass (RT5). After teardown nothing
-        is fed (the work was orphaned, RT7)."""
+        """Work finished: it enters the core on the next pass (RT5), as it was now (V6: an
+        adapter may refill the dict it yielded before the core takes it). After teardown
+        nothing is fed (the work was orphaned, RT7)."""
         core = self._core
         if effect_id in self._released or core.disposed:
             return
         if kind == "raise":
             assert isinstance(value, ErrorInfo)
-        self._ready.append((self._completers[kind], effect_id, value))
+        self._ready.append((self._completers[kind], effect_id, snapshot(value)))
         if not self._scheduled:
             self._schedule_pump()
 

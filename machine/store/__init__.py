@@ -31,6 +31,7 @@ from machine.store.errors import (
     StoreConnectionError,
     StoreError,
     StoreFullError,
+    StoreReadError,
     StoreReadOnlyError,
     StoreTimeoutError,
     StoreWriteError,
@@ -57,7 +58,8 @@ __all__ = [
     "PostgresStore", "SessionExistsError", "SessionInfo", "SessionLockedError",
     "SessionLostError", "SessionNotFoundError", "SessionNotOpenError", "SessionStore",
     "SqliteStore", "StoreClosedError", "StoreConnectionError", "StoreError", "StoreFullError",
-    "StoreReadOnlyError", "StoreSink", "StoreTimeoutError", "StoreWriteError", "SurfaceNode",
+    "StoreReadError", "StoreReadOnlyError", "StoreSink", "StoreTimeoutError", "StoreWriteError",
+    "SurfaceNode",
     "UnsupportedFormatError", "checkpoint_message", "choose_compaction_range", "closers",
     "compact", "compaction_problem", "resume_core", "resume_from", "scan", "surface_nodes",
 ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Generic, TypeVar, cast
@@ -20,6 +20,7 @@ from typing import Generic, TypeVar, cast
 from machine.errors import InvariantError, ValidationError
 from machine.events import TURN_END, TURN_START, Event
 from machine.log import SessionLog
+from machine.store.codec import new_uid
 from machine.store.errors import (
     DamageError,
     LiveTurnOpenError,
@@ -29,7 +30,7 @@ from machine.store.errors import (
     StoreClosedError,
     StoreWriteError,
 )
-from machine.store.repair import RawRecord, analyse, append_closers, scan
+from machine.store.repair import Analysis, RawRecord, append_closers, scan
 from machine.store.types import (
     LOAD_MODES,
     Damage,
@@ -52,14 +53,18 @@ class StoredSession:
 
     ``info`` is the decoded header (None when it could not be decoded),
     ``torn_bytes`` the size of a torn final record (S9), ``valid_length`` the
-    stored size without it, for formats measured in bytes.
+    stored size without it, for formats measured in bytes. ``records`` may be a
+    one-pass iterator (JSONL streams its records, S31). ``uid`` is the identity the
+    records were checked against (S8): the header's, or the one a damaged header still
+    names; None for a version-1 session.
     """
 
     info: SessionInfo | None
     header_damage: Damage | None
-    records: Sequence[RawRecord]
+    records: Iterable[RawRecord]
     torn_bytes: int = 0
     valid_length: int | None = None
+    uid: str | None = None
 
 
 @dataclass(slots=True)
@@ -79,10 +84,11 @@ class _Plan:
 
     stored: StoredSession
     info: SessionInfo
-    kept: list[Event]
+    kept: Sequence[Event]
     damage: list[Damage]
     log: SessionLog
     clock: list[float]
+    records: int = 0
     closers: list[Event] = field(default_factory=list)
 
 
@@ -152,7 +158,7 @@ class BaseStore(ABC, Generic[H]):
                cwd: str | None = None) -> SessionInfo:
         """S3: create an empty session durably and open it for append."""
         self._check_usable()
-        info = SessionInfo(check_session_id(session_id), parent, seed_length, cwd)
+        info = SessionInfo(check_session_id(session_id), parent, seed_length, cwd, new_uid())
         if session_id in self._live or self._exists(session_id):
             raise SessionExistsError(f"session {session_id!r} already exists")
         self._go_live(info, [], self._create(info, ()))
@@ -203,8 +209,7 @@ class BaseStore(ABC, Generic[H]):
                               len(live.log))
         plan = self._plan(session_id)
         report = LoadReport(plan.stored.torn_bytes, tuple(plan.damage), len(plan.closers))
-        return Inspection(plan.info, plan.kept, tuple(plan.closers), report,
-                          len(plan.stored.records))
+        return Inspection(plan.info, plan.kept, tuple(plan.closers), report, plan.records)
 
     def append(self, session_id: str, event: Event) -> None:
         """S5: append the next event; checked against the invariants before it is written."""
@@ -249,7 +254,7 @@ class BaseStore(ABC, Generic[H]):
         length = _fork_length(events, boundary)
         self._sync(source.handle)  # the child never holds more than the parent has stored
         copies = [Event.from_json(event.to_json()) for event in events[:length]]  # detached
-        info = SessionInfo(child_id, source_id, length, source.info.cwd)
+        info = SessionInfo(child_id, source_id, length, source.info.cwd, new_uid())
         self._go_live(info, copies, self._create(info, copies))
         return child_id
 
@@ -322,14 +327,18 @@ class BaseStore(ABC, Generic[H]):
         """S9–S12: read, analyse, and work out the closers of the intact prefix."""
         stored = self._read(session_id)
         clock: list[float] = [0]
-        log, damage = analyse(stored.records, stored.header_damage, clock=lambda: clock[0])
-        kept = list(log.events)
-        if kept:
+        analysis = Analysis(stored.header_damage, clock=lambda: clock[0])
+        for record in stored.records:       # one pass: JSONL streams them (S31)
+            analysis.feed(record)
+        log, damage = analysis.finish()
+        kept = log.events                   # a view: nothing decoded twice
+        if len(kept):
             clock[0] = kept[-1].time
-        info = stored.info if stored.info is not None else SessionInfo(session_id)
+        info = stored.info if stored.info is not None else SessionInfo(session_id,
+                                                                       uid=stored.uid)
         if info.session_id != session_id:
-            info = SessionInfo(session_id, info.parent, info.seed_length, info.cwd)
-        plan = _Plan(stored, info, kept, damage, log, clock)
+            info = SessionInfo(session_id, info.parent, info.seed_length, info.cwd, info.uid)
+        plan = _Plan(stored, info, kept, damage, log, clock, analysis.records)
         plan.closers = append_closers(log, scan(kept))
         return plan
 

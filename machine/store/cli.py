@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+from machine import argtypes
 from machine.errors import TurnstileError
 from machine.events import Event
 from machine.jsonvalue import FrozenDict, FrozenList
@@ -71,7 +72,8 @@ def configure(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Load (and so repair) a stored session and copy its prefix up to seq "
                     "--at (default: the last event) into a new session of the same store.")
     _target(fork)
-    fork.add_argument("--at", type=int, metavar="SEQ", help="the inclusive boundary seq")
+    fork.add_argument("--at", type=argtypes.count, metavar="SEQ",
+                      help="the inclusive boundary seq")
     fork.add_argument("--child", metavar="ID", help="the child session id (default: fresh)")
 
 
@@ -247,6 +249,8 @@ def _header_line(name: str, info: SessionInfo) -> str:
         parts.append(f"forked from {info.parent} after {info.seed_length} events")
     if info.cwd is not None:
         parts.append(f"cwd {info.cwd}")
+    if info.version == 1:
+        parts.append("format version 1 (its records carry no session identity, S30)")
     return f"{name}: " + ", ".join(parts)
 
 

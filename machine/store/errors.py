@@ -29,6 +29,7 @@ __all__ = [
     "StoreConnectionError",
     "StoreError",
     "StoreFullError",
+    "StoreReadError",
     "StoreReadOnlyError",
     "StoreTimeoutError",
     "StoreWriteError",
@@ -67,7 +68,8 @@ class StoreClosedError(StoreError):
 
 
 class StoreWriteError(StoreError):
-    """Writing to storage failed (S5, S6).
+    """Writing to storage failed (S3, S5, S6, S12, S13): a read-only file system, a full
+    disk, a permission; the message names the operation, the file and the real cause.
 
     ``recovered`` is true when the failed write left nothing behind; when it
     is false the session refuses further appends until it is loaded again.
@@ -78,6 +80,13 @@ class StoreWriteError(StoreError):
     def __init__(self, message: str, *, recovered: bool = True) -> None:
         super().__init__(message)
         self.recovered = recovered
+
+
+class StoreReadError(StoreError):
+    """Reading from storage failed (S5): a permission, an I/O error, a lock; the message
+    names the operation, the file and the operating system's or database's own cause."""
+
+    code = "STORE_READ_FAILED"
 
 
 class StoreReadOnlyError(StoreWriteError):

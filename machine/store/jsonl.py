@@ -2,37 +2,55 @@
 
 File ``<root>/<session>.jsonl``::
 
-    {"crc":…,"kind":"header","session":"s1","version":1}
+    {"crc":…,"kind":"header","session":"s1","uid":"…","version":2}
     {"crc":3735928559,"event":{"data":{…},"seq":0,"time":…,"type":"turn/start"}}
     …
 
 Every line is ASCII JSON with sorted keys and no spaces. An event record's
-``crc`` is the CRC-32 of the event text exactly as stored between
-``"event":`` and the closing brace; the header's is the CRC-32 of the header
-object without its ``crc`` in the same canonical form. The file is only ever
-appended to (one ``write`` per append), and ``flush`` is ``fsync``. Creation
-and salvage write a complete temporary file and move it into place.
+``crc`` is the CRC-32 of the session's ``uid`` followed by the event text
+exactly as stored between ``"event":`` and the closing brace (S8, format
+version 2; a version-1 file has no uid and the CRC-32 of the text alone); the
+header's is the CRC-32 of the header object without its ``crc`` in the same
+canonical form. The file is only ever appended to (one ``write`` per append),
+and ``flush`` is ``fsync``. Creation and salvage write a complete temporary
+file and move it into place. A load streams the file (S31): it reads the
+records one line at a time and keeps only what the log keeps.
+
+Every failure of the file system (a read-only file system, a full disk, a
+permission) is raised as a `StoreWriteError` or `StoreReadError` naming the
+operation, the file and the operating system's own message (S5).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
-import zlib
-from collections.abc import Sequence
+import shutil
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import BinaryIO, Final
 
 from machine.errors import ValidationError
 from machine.events import Event
 from machine.store.base import BaseStore, StoredSession
-from machine.store.codec import FORMAT_VERSION, decode_event, event_bytes, header_bytes, parse_header
+from machine.store.codec import (
+    FORMAT_VERSION,
+    decode_event,
+    event_bytes,
+    header_bytes,
+    header_uid,
+    parse_header,
+    record_crc,
+)
 from machine.store.errors import (
     DamageError,
     SessionExistsError,
     SessionNotFoundError,
+    StoreReadError,
     StoreWriteError,
     UnsupportedFormatError,
 )
@@ -44,12 +62,15 @@ __all__ = ["FORMAT_VERSION", "JsonlStore", "encode_header", "encode_record", "pa
 SUFFIX: Final = ".jsonl"
 _RECORD: Final = re.compile(rb'\{"crc":(0|[1-9][0-9]{0,9}),"event":(.*)\}', re.DOTALL)
 _RECORD_HEAD: Final = b'{"crc":'
+_BLOCK: Final = 1 << 16          # how much a backwards scan for the last newline reads at once
+_HEADER_LIMIT: Final = 1 << 20   # a first line longer than this is not a header
 
 
-def encode_record(event: Event) -> bytes:
-    """One event record line (S8), newline included."""
+def encode_record(event: Event, uid: str | None = None) -> bytes:
+    """One event record line (S8), newline included, its checksum keyed to *uid* (the
+    session's identity; None for a version-1 session)."""
     raw = event_bytes(event)
-    return b'{"crc":%d,"event":%s}\n' % (zlib.crc32(raw), raw)
+    return b'{"crc":%d,"event":%s}\n' % (record_crc(raw, uid), raw)
 
 
 def encode_header(info: SessionInfo) -> bytes:
@@ -57,29 +78,36 @@ def encode_header(info: SessionInfo) -> bytes:
     return header_bytes(info) + b"\n"
 
 
+def _cause(error: OSError) -> str:
+    """The operating system's own words for *error* (S5: the real cause)."""
+    return error.strerror or str(error) or type(error).__name__
+
+
 # --------------------------------------------------------------------------
 # Parsing (pure)
 # --------------------------------------------------------------------------
 
 
-def _parse_record(index: int, offset: int, line: bytes) -> RawRecord:
+def _parse_record(index: int, offset: int, line: bytes, uid: str | None = None) -> RawRecord:
     """One event line (S8): the event, or why it is not one (S10)."""
     match = _RECORD.fullmatch(line)
     if match is None:
         detail = "empty line" if not line else "not a {crc, event} record"
         return RawRecord(index, offset, None, Damage("undecodable", index, offset, detail))
-    return decode_event(index, offset, int(match[1]), match[2])
+    return decode_event(index, offset, int(match[1]), match[2], uid=uid)
 
 
-def _is_torn(tail: bytes, *, header: bool, session_id: str) -> bool:
+def _is_torn(tail: bytes, *, header: bool, session_id: str, uid: str | None = None) -> bool:
     """S9: is an unterminated final line what an interrupted append leaves behind?
 
-    That is the start of a record line (printable ASCII, possibly followed by
-    zero fill) that does not parse as a complete JSON value, or the complete
-    record itself without its newline. Anything else (a complete value with
-    bytes after it, a control byte, a record that fails its checksum) is damage.
+    That is the start of a record line (at least its first byte, then printable ASCII,
+    possibly followed by zero fill) that does not parse as a complete JSON value, or the
+    complete record itself without its newline. Anything else (zero fill alone, a complete
+    value with bytes after it, a control byte, a record that fails its checksum) is damage.
     """
     body = tail.rstrip(b"\0")
+    if not body:            # nothing of a record: zero fill alone is not a torn record
+        return False
     if any(byte < 0x20 or byte > 0x7E for byte in body):
         return False
     head = b"{" if header else _RECORD_HEAD
@@ -96,17 +124,28 @@ def _is_torn(tail: bytes, *, header: bool, session_id: str) -> bool:
             return parse_header(body, session_id)[1] is None
         except UnsupportedFormatError:
             return False
-    return _parse_record(0, 0, body).damage is None
+    return _parse_record(0, 0, body, uid).damage is None
+
+
+def _header_identity(info: SessionInfo | None, raw: bytes) -> str | None:
+    """The uid the records are checked against: the header's, or the one a damaged header
+    still names (S13)."""
+    return info.uid if info is not None else header_uid(raw)
 
 
 def parse_jsonl(data: bytes, session_id: str) -> StoredSession:
     """Split a session file into its header and records (S8–S10). Pure; never raises
     except `UnsupportedFormatError` for a header of another format version."""
+    first_newline = data.find(b"\n")
+    header_raw = data if first_newline < 0 else data[:first_newline]
+    info, header_damage = (parse_header(header_raw, session_id) if first_newline >= 0
+                           else (None, None))
+    uid = _header_identity(info, header_raw)
     terminated = data.rfind(b"\n") + 1
     body_end = len(data)
     torn = 0
     if terminated < len(data) and _is_torn(data[terminated:], header=terminated == 0,
-                                           session_id=session_id):
+                                           session_id=session_id, uid=uid):
         torn, body_end = len(data) - terminated, terminated
     lines: list[tuple[int, bytes]] = []
     offset = 0
@@ -118,10 +157,65 @@ def parse_jsonl(data: bytes, session_id: str) -> StoredSession:
     if not lines:
         return StoredSession(None, Damage("header", None, 0, "the file has no header record"),
                              (), torn, body_end)
-    info, header_damage = parse_header(lines[0][1], session_id)
-    records = [_parse_record(index, line_offset, line)
+    if first_newline < 0:      # one unterminated line, not torn: judge it as the header
+        info, header_damage = parse_header(lines[0][1], session_id)
+        uid = _header_identity(info, lines[0][1])
+    records = [_parse_record(index, line_offset, line, uid)
                for index, (line_offset, line) in enumerate(lines[1:])]
-    return StoredSession(info, header_damage, records, torn, body_end)
+    return StoredSession(info, header_damage, records, torn, body_end, uid)
+
+
+def _end_of_last_line(file: BinaryIO, size: int) -> int:
+    """The offset just after the file's last newline (0 if it has none), read backwards."""
+    position = size
+    while position > 0:
+        start = max(0, position - _BLOCK)
+        file.seek(start)
+        at = file.read(position - start).rfind(b"\n")
+        if at >= 0:
+            return start + at + 1
+        position = start
+    return 0
+
+
+def _stream_jsonl(file: BinaryIO, session_id: str) -> StoredSession:
+    """`parse_jsonl` over an open file, in bounded memory (S31): the header and the final
+    line are read first, then the records are parsed one line at a time as the caller
+    iterates them (the iterator closes the file). Takes ownership of *file*."""
+    size = os.fstat(file.fileno()).st_size
+    terminated = _end_of_last_line(file, size)
+    if terminated == 0:            # no newline: one line at most, the header or its start
+        file.seek(0)
+        data = file.read()
+        file.close()
+        return parse_jsonl(data, session_id)
+    file.seek(0)
+    header_line = file.readline()
+    header_raw = header_line[:-1]
+    info, header_damage = parse_header(header_raw, session_id)
+    uid = _header_identity(info, header_raw)
+    body_end, torn = size, 0
+    if terminated < size:
+        file.seek(terminated)
+        if _is_torn(file.read(size - terminated), header=False, session_id=session_id, uid=uid):
+            torn, body_end = size - terminated, terminated
+    records = _records(file, len(header_line), body_end, uid)
+    return StoredSession(info, header_damage, records, torn, body_end, uid)
+
+
+def _records(file: BinaryIO, offset: int, end: int, uid: str | None) -> Iterator[RawRecord]:
+    """The event records between *offset* and *end*, one line at a time."""
+    with file:
+        file.seek(offset)
+        index = 0
+        while offset < end:
+            line = file.readline(end - offset)
+            if not line:
+                return
+            raw = line[:-1] if line.endswith(b"\n") else line
+            yield _parse_record(index, offset, raw, uid)
+            index += 1
+            offset += len(line)
 
 
 # --------------------------------------------------------------------------
@@ -131,9 +225,14 @@ def parse_jsonl(data: bytes, session_id: str) -> StoredSession:
 
 @dataclass(slots=True)
 class _Handle:
+    """A session open for append. The file is opened for writing at the first append, so a
+    session on a read-only file system loads (and is inspected) as long as it needs no
+    repair (S5)."""
+
     path: Path
-    fd: int
-    size: int
+    uid: str | None
+    fd: int | None = None
+    size: int = 0
 
 
 class JsonlStore(BaseStore[_Handle]):
@@ -146,7 +245,11 @@ class JsonlStore(BaseStore[_Handle]):
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
         super().__init__()
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise StoreWriteError(f"cannot create the store directory {self.root}: "
+                                  f"{_cause(error)}") from error
         self._fsync = fsync
 
     def path(self, session_id: str) -> Path:
@@ -156,11 +259,21 @@ class JsonlStore(BaseStore[_Handle]):
     # -- primitives ---------------------------------------------------------------
 
     def _exists(self, session_id: str) -> bool:
-        return self.path(session_id).exists()
+        path = self.path(session_id)
+        try:
+            return path.exists()
+        except OSError as error:
+            raise StoreReadError(f"cannot look for session {session_id!r} ({path}): "
+                                 f"{_cause(error)}") from error
 
     def _list(self) -> list[str]:
         names: list[str] = []
-        for entry in self.root.iterdir():
+        try:
+            entries = list(self.root.iterdir())
+        except OSError as error:
+            raise StoreReadError(f"cannot list the sessions in {self.root}: "
+                                 f"{_cause(error)}") from error
+        for entry in entries:
             stem = entry.name[:-len(SUFFIX)]
             if entry.name.endswith(SUFFIX) and entry.is_file():
                 try:
@@ -169,19 +282,35 @@ class JsonlStore(BaseStore[_Handle]):
                     continue
         return sorted(names)
 
-    def _read(self, session_id: str) -> StoredSession:
+    def _open_for_reading(self, session_id: str) -> BinaryIO:
+        path = self.path(session_id)
         try:
-            data = self.path(session_id).read_bytes()
+            return path.open("rb")
         except FileNotFoundError:
             raise SessionNotFoundError(f"no session {session_id!r} in {self.root}") from None
-        return parse_jsonl(data, session_id)
+        except OSError as error:
+            raise StoreReadError(f"cannot read session {session_id!r} ({path}): "
+                                 f"{_cause(error)}") from error
+
+    def _read(self, session_id: str) -> StoredSession:
+        file = self._open_for_reading(session_id)
+        try:
+            return _stream_jsonl(file, session_id)
+        except OSError as error:
+            file.close()
+            raise StoreReadError(f"cannot read session {session_id!r} "
+                                 f"({self.path(session_id)}): {_cause(error)}") from error
+        except BaseException:
+            file.close()
+            raise
 
     def _read_info(self, session_id: str) -> SessionInfo:
-        try:
-            with self.path(session_id).open("rb") as file:
-                first = file.readline()
-        except FileNotFoundError:
-            raise SessionNotFoundError(f"no session {session_id!r} in {self.root}") from None
+        with self._open_for_reading(session_id) as file:
+            try:
+                first = file.readline(_HEADER_LIMIT)
+            except OSError as error:
+                raise StoreReadError(f"cannot read session {session_id!r} "
+                                     f"({self.path(session_id)}): {_cause(error)}") from error
         stored = parse_jsonl(first, session_id)
         if stored.header_damage is not None:
             raise DamageError(session_id, [stored.header_damage])
@@ -190,96 +319,150 @@ class JsonlStore(BaseStore[_Handle]):
 
     def _create(self, info: SessionInfo, events: Sequence[Event]) -> _Handle:
         path = self.path(info.session_id)
-        data = encode_header(info) + b"".join(encode_record(event) for event in events)
-        temporary = self._temporary(info.session_id)
-        self._write_file(temporary, data)
-        try:
-            os.link(temporary, path)  # atomic and exclusive
-        except FileExistsError:
-            raise SessionExistsError(f"session {info.session_id!r} already exists") from None
-        except OSError:  # no hard links here: exclusive create, then write
+        with self._rewriting(info.session_id, f"cannot create session {info.session_id!r} in "
+                             f"{self.root}") as temporary:
+            self._write_file(temporary, self._lines(info, events, ()))
             try:
-                self._write_file(path, data, exclusive=True)
+                os.link(temporary, path)  # atomic and exclusive
             except FileExistsError:
-                raise SessionExistsError(
-                    f"session {info.session_id!r} already exists") from None
-        finally:
-            temporary.unlink(missing_ok=True)
-        self._sync_dir()
-        return self._open(path)
+                raise SessionExistsError(f"session {info.session_id!r} already exists") from None
+            except OSError as error:
+                if error.errno in _NO_SPACE_OR_READ_ONLY:
+                    raise
+                try:  # no hard links here: exclusive create, then write
+                    self._write_file(path, self._lines(info, events, ()), exclusive=True)
+                except FileExistsError:
+                    raise SessionExistsError(
+                        f"session {info.session_id!r} already exists") from None
+            self._sync_dir()
+        return _Handle(path, info.uid)
 
     def _reopen(self, session_id: str, stored: StoredSession) -> _Handle:
         path = self.path(session_id)
+        handle = _Handle(path, stored.uid)
         if stored.torn_bytes:
             assert stored.valid_length is not None
-            os.truncate(path, stored.valid_length)
-        handle = self._open(path)
-        if stored.torn_bytes:
             try:
-                self._sync(handle)
-            except BaseException:
+                os.truncate(path, stored.valid_length)
+                fd = self._writable(handle)
+                if self._fsync:
+                    os.fsync(fd)
+            except OSError as error:
                 self._release(handle)
-                raise
+                raise StoreWriteError(f"cannot cut the torn final record of session "
+                                      f"{session_id!r} ({path}): {_cause(error)}") from error
         return handle
 
     def _salvage(self, info: SessionInfo, stored: StoredSession, kept: Sequence[Event],
                  closers: Sequence[Event]) -> tuple[_Handle, str]:
         path = self.path(info.session_id)
-        original = path.read_bytes()
-        number = 1
-        while (backup := path.with_name(f"{path.name}.damaged-{number}")).exists():
-            number += 1
-        self._write_file(backup, original, exclusive=True)
-        data = (encode_header(info) + b"".join(encode_record(e) for e in kept)
-                + b"".join(encode_record(e) for e in closers))
-        temporary = self._temporary(info.session_id)
-        self._write_file(temporary, data)
-        os.replace(temporary, path)
-        self._sync_dir()
-        return self._open(path), str(backup)
+        with self._rewriting(info.session_id, f"cannot salvage session {info.session_id!r} "
+                             f"({path})", " the session is unchanged") as temporary:
+            number = 1
+            while (backup := path.with_name(f"{path.name}.damaged-{number}")).exists():
+                number += 1
+            self._copy_file(path, backup)
+            self._write_file(temporary, self._lines(info, kept, closers))
+            os.replace(temporary, path)
+            self._sync_dir()
+        return _Handle(path, info.uid), str(backup)
 
     def _write(self, handle: _Handle, events: Sequence[Event]) -> None:
-        data = b"".join(encode_record(event) for event in events)
+        data = b"".join(encode_record(event, handle.uid) for event in events)
+        try:
+            fd = self._writable(handle)
+        except OSError as error:
+            raise StoreWriteError(f"cannot append to {handle.path}: {_cause(error)}") from error
         view = memoryview(data)
         try:
             while view:
-                view = view[os.write(handle.fd, view):]
+                view = view[os.write(fd, view):]
         except OSError as error:
             try:
-                os.ftruncate(handle.fd, handle.size)
+                os.ftruncate(fd, handle.size)
             except OSError:
-                raise StoreWriteError(f"cannot append to {handle.path}: {error}; the file may "
-                                      "now end in a torn record", recovered=False) from error
-            raise StoreWriteError(f"cannot append to {handle.path}: {error}") from error
+                raise StoreWriteError(f"cannot append to {handle.path}: {_cause(error)}; the "
+                                      "file may now end in a torn record",
+                                      recovered=False) from error
+            raise StoreWriteError(f"cannot append to {handle.path}: {_cause(error)}") from error
         handle.size += len(data)
 
     def _sync(self, handle: _Handle) -> None:
-        if self._fsync:
-            os.fsync(handle.fd)
+        if self._fsync and handle.fd is not None:
+            try:
+                os.fsync(handle.fd)
+            except OSError as error:
+                raise StoreWriteError(f"cannot flush {handle.path}: {_cause(error)}") from error
 
     def _release(self, handle: _Handle) -> None:
-        os.close(handle.fd)
+        if handle.fd is not None:
+            fd, handle.fd = handle.fd, None
+            os.close(fd)
 
     # -- file helpers ---------------------------------------------------------------
 
-    def _open(self, path: Path) -> _Handle:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-        return _Handle(path, fd, os.fstat(fd).st_size)
+    @staticmethod
+    def _writable(handle: _Handle) -> int:
+        """The handle's file descriptor, opening the file for append the first time."""
+        if handle.fd is None:
+            fd = os.open(handle.path, os.O_WRONLY | os.O_APPEND)
+            handle.fd, handle.size = fd, os.fstat(fd).st_size
+        return handle.fd
+
+    @staticmethod
+    def _lines(info: SessionInfo, events: Iterable[Event], more: Iterable[Event]
+               ) -> Iterator[bytes]:
+        yield encode_header(info)
+        for event in events:
+            yield encode_record(event, info.uid)
+        for event in more:
+            yield encode_record(event, info.uid)
 
     def _temporary(self, session_id: str) -> Path:
         return self.root / f".{session_id}{SUFFIX}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
 
-    def _write_file(self, path: Path, data: bytes, *, exclusive: bool = False) -> None:
+    @contextlib.contextmanager
+    def _rewriting(self, session_id: str, what: str, after: str = "") -> Iterator[Path]:
+        """A temporary file for writing a whole session (removed in any case); a failure of
+        the file system meanwhile is a `StoreWriteError` saying *what* failed and why (S32)."""
+        temporary = self._temporary(session_id)
+        try:
+            yield temporary
+        except OSError as error:
+            raise StoreWriteError(f"{what}: {_cause(error)}" + (f";{after}" if after else "")
+                                  ) from error
+        finally:
+            with contextlib.suppress(OSError):
+                temporary.unlink(missing_ok=True)
+
+    def _write_file(self, path: Path, chunks: Iterable[bytes], *,
+                    exclusive: bool = False) -> None:
+        """Write *chunks* to a new file (streamed: a salvage or fork of a large session
+        never holds the whole file) and sync it."""
         flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
         fd = os.open(path, flags, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            pending: list[bytes] = []
+            size = 0
+            for chunk in chunks:
+                pending.append(chunk)
+                size += len(chunk)
+                if size >= _BLOCK:
+                    _write_all(fd, b"".join(pending))
+                    pending, size = [], 0
+            _write_all(fd, b"".join(pending))
             if self._fsync:
                 os.fsync(fd)
         finally:
             os.close(fd)
+
+    def _copy_file(self, source: Path, target: Path) -> None:
+        """Copy *source* to a new file *target* (never an existing one), synced."""
+        with source.open("rb") as reader, target.open("xb") as writer:
+            shutil.copyfileobj(reader, writer, _BLOCK)
+            writer.flush()
+            if self._fsync:
+                os.fsync(writer.fileno())
 
     def _sync_dir(self) -> None:
         if not self._fsync:
@@ -289,3 +472,13 @@ class JsonlStore(BaseStore[_Handle]):
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+#: errno values that no other way of creating the file can avoid.
+_NO_SPACE_OR_READ_ONLY: Final = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT})
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

@@ -316,8 +316,9 @@ class PostgresStore(BaseStore[_Handle]):
                  closers: Sequence[Event]) -> tuple[_Handle, str]:
         session_id = info.session_id
         salvage = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
-        first = (stored.records[len(kept)].stored_seq if len(kept) < len(stored.records)
-                 else None)
+        records = stored.records
+        assert isinstance(records, list)    # this backend reads every row at once (_read)
+        first = records[len(kept)].stored_seq if len(kept) < len(records) else None
 
         def move(conn: _Conn) -> _Handle:
             self._require_fresh_read(session_id)

@@ -25,7 +25,7 @@ from machine.events import (
     Event,
 )
 from machine.jsonvalue import FrozenDict, FrozenList
-from machine.log import SessionLog, validate_events
+from machine.log import SessionLog
 from machine.store.types import Damage, DamageKind
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "OUTCOME_UNKNOWN_TEXT",
     "TOOL_NOT_STARTED",
     "TOOL_OUTCOME_UNKNOWN",
+    "Analysis",
     "PendingCall",
     "RawRecord",
     "RepairScan",
@@ -191,49 +192,69 @@ class RawRecord:
     stored_seq: int | None = None
 
 
-def analyse(records: Sequence[RawRecord], header_damage: Damage | None = None, *,
-            clock: Callable[[], float] | None = None) -> tuple[SessionLog, list[Damage]]:
-    """S10–S11: the intact prefix of *records*, replayed into a log, and every damage.
+class Analysis:
+    """S10–S11 one record at a time, so that a load streams its records (S31): the intact
+    prefix is replayed into a log as it is read, and every damage is collected.
 
-    Record-level damage (checksum, decoding) is reported wherever it is. The
-    first seq that is not its record's position is reported as a gap (too
-    high) or a duplicate (too low). The events before the first such damage
-    are replayed through the session invariants, and the first violation is
-    reported too. The intact prefix ends before the first damage of any kind;
-    it is returned as a `SessionLog` using *clock*.
+    Record-level damage (checksum, decoding) is reported wherever it is. The first seq that
+    is not its record's position is reported as a gap (too high) or a duplicate (too low).
+    The events before the first damage of any kind are replayed through the session
+    invariants, and the first violation is reported too; the intact prefix ends before the
+    first damage. Only the log is kept: a record after the prefix is judged and dropped.
     """
-    damage: list[Damage] = [header_damage] if header_damage is not None else []
-    limit = len(records)
-    seq_damage: Damage | None = None
-    for position, record in enumerate(records):
+
+    def __init__(self, header_damage: Damage | None = None, *,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.damage: list[Damage] = [header_damage] if header_damage is not None else []
+        self.log = SessionLog(clock=clock)
+        self.records = 0               # how many records were fed
+        self._intact = True            # no damage at any position fed so far
+        self._seq_damage: Damage | None = None
+
+    def feed(self, record: RawRecord) -> None:
+        position = self.records
+        self.records += 1
         if record.damage is not None:
-            damage.append(record.damage)
-            limit = min(limit, position)
-            continue
-        assert record.event is not None
-        if seq_damage is None:
-            found, what = record.event.seq, "seq"
+            self.damage.append(record.damage)
+            self._intact = False
+            return
+        event = record.event
+        assert event is not None
+        if self._seq_damage is None:
+            found, what = event.seq, "seq"
             stored = record.stored_seq
             if found == position and stored is not None and stored != position:
                 found, what = stored, "stored index"
             if found != position:
                 kind: DamageKind = "seq-gap" if found > position else "seq-duplicate"
-                seq_damage = Damage(kind, position, record.byte_offset,
-                                    f"expected seq {position}, found {what} {found}")
-                damage.append(seq_damage)
-                limit = min(limit, position)
-    events = [record.event for record in records[:limit] if record.event is not None]
-    try:
-        log = SessionLog(events, clock=clock)
-    except InvariantError:  # rare: find the position, keep the prefix before it
-        violation = validate_events(events)
-        assert violation is not None
-        damage.append(Damage("invariant-violation", violation.seq,
-                             records[violation.seq].byte_offset,
-                             f"[{violation.rule}] {violation.message}"))
-        log = SessionLog(events[:violation.seq], clock=clock)
-    damage.sort(key=lambda d: -1 if d.record_index is None else d.record_index)
-    return log, damage
+                self._seq_damage = Damage(kind, position, record.byte_offset,
+                                          f"expected seq {position}, found {what} {found}")
+                self.damage.append(self._seq_damage)
+                self._intact = False
+                return
+        if not self._intact:
+            return
+        try:
+            self.log.replay(event)
+        except InvariantError as error:
+            self.damage.append(Damage("invariant-violation", position, record.byte_offset,
+                                      str(error)))
+            self._intact = False
+
+    def finish(self) -> tuple[SessionLog, list[Damage]]:
+        """The intact prefix (as a log) and every damage, in storage order."""
+        self.damage.sort(key=lambda d: -1 if d.record_index is None else d.record_index)
+        return self.log, self.damage
+
+
+def analyse(records: Iterable[RawRecord], header_damage: Damage | None = None, *,
+            clock: Callable[[], float] | None = None) -> tuple[SessionLog, list[Damage]]:
+    """S10–S11: the intact prefix of *records*, replayed into a log, and every damage (see
+    `Analysis`); the log uses *clock*."""
+    analysis = Analysis(header_damage, clock=clock)
+    for record in records:
+        analysis.feed(record)
+    return analysis.finish()
 
 
 def _int(value: object) -> int | None:

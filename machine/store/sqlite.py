@@ -12,6 +12,12 @@ the seq. Appends are held in memory and written by ``flush`` in one
 transaction (``synchronous=FULL``), so a record is either committed whole or
 absent: the SQLite store never has a torn record. Every write is its own
 short transaction, so several processes may share one database file.
+
+``crc`` is keyed to the session's ``uid`` (S8, format version 2), so a row copied from
+another session's rows is a checksum mismatch (S10). Every database failure is raised as
+a typed store error naming its real cause (S5): a read-only database or a full disk is a
+`StoreWriteError`, a database that is locked or cannot be read a `StoreReadError`, and
+only a file that is not a database (or a corrupt one) is reported as such.
 """
 
 from __future__ import annotations
@@ -20,23 +26,32 @@ import os
 import sqlite3
 import time
 import uuid
-import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from machine.events import Event
 from machine.store.base import BaseStore, StoredSession
-from machine.store.codec import FORMAT_VERSION, decode_event, event_bytes, header_bytes, parse_header
+from machine.store.codec import (
+    decode_event,
+    event_bytes,
+    header_bytes,
+    header_uid,
+    parse_header,
+    record_crc,
+)
 from machine.store.errors import (
     DamageError,
     SessionExistsError,
     SessionNotFoundError,
     StoreError,
+    StoreReadError,
     StoreWriteError,
     UnsupportedFormatError,
 )
+from machine.store.repair import RawRecord
 from machine.store.types import Damage, SessionInfo
 
 __all__ = ["SqliteStore"]
@@ -53,9 +68,38 @@ CREATE TABLE IF NOT EXISTS quarantine (
 """
 
 
+#: The schema's format version, in ``meta`` (the records' format is per session, S8).
+SCHEMA_VERSION: Final = 1
+
+# SQLite's primary result codes (https://sqlite.org/rescode.html) that name the real cause.
+_PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = (
+    3, 5, 6, 8, 10, 11, 13, 14, 26)
+_WRITE_CAUSES: Final = frozenset({_PERM, _READONLY, _IOERR, _FULL, _CANTOPEN})
+_DAMAGE_CAUSES: Final = frozenset({_CORRUPT, _NOTADB})
+
+
+def _code(error: sqlite3.Error) -> int | None:
+    code = getattr(error, "sqlite_errorcode", None)
+    return code & 0xFF if isinstance(code, int) else None
+
+
+def _store_error(error: sqlite3.Error, what: str, *, writing: bool) -> StoreError:
+    """The typed store error of a database failure while doing *what* (S5)."""
+    code = _code(error)
+    cause = f"{error} [{getattr(error, 'sqlite_errorname', 'SQLITE_ERROR')}]"
+    if code in _DAMAGE_CAUSES:
+        return StoreError(f"{what}: not a session database ({cause})")
+    if code in (_BUSY, _LOCKED):
+        return StoreReadError(f"{what}: the database is locked by another connection ({cause})")
+    if writing or code in _WRITE_CAUSES:
+        return StoreWriteError(f"{what}: {cause}")
+    return StoreReadError(f"{what}: {cause}")
+
+
 @dataclass(slots=True)
 class _Handle:
     session_id: str
+    uid: str | None = None
     pending: list[Event] = field(default_factory=list)
 
 
@@ -66,9 +110,9 @@ def _blob(value: object) -> bytes:
     return str(value).encode("utf-8", "surrogatepass")
 
 
-def _row(session_id: str, event: Event) -> tuple[str, int, int, bytes]:
+def _row(session_id: str, event: Event, uid: str | None) -> tuple[str, int, int, bytes]:
     raw = event_bytes(event)
-    return session_id, event.seq, zlib.crc32(raw), raw
+    return session_id, event.seq, record_crc(raw, uid), raw
 
 
 class SqliteStore(BaseStore[_Handle]):
@@ -87,15 +131,18 @@ class SqliteStore(BaseStore[_Handle]):
         self.path = Path(path)
         if not create and not self.path.is_file():
             raise StoreError(f"{self.path}: no such database")
-        self._db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
+        try:
+            self._db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
+        except sqlite3.Error as error:
+            raise _store_error(error, f"cannot open {self.path}", writing=create) from error
         try:
             if create:
                 self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={'FULL' if fsync else 'OFF'}")
             self._check_format(create)
-        except sqlite3.DatabaseError as error:
+        except sqlite3.Error as error:
             self._db.close()
-            raise StoreError(f"{self.path}: not a session database ({error})") from error
+            raise _store_error(error, f"cannot open {self.path}", writing=create) from error
         except BaseException:
             self._db.close()
             raise
@@ -116,12 +163,12 @@ class SqliteStore(BaseStore[_Handle]):
                 row = self._db.execute("SELECT value FROM meta WHERE key='format'").fetchone()
                 if row is None:
                     self._db.execute("INSERT INTO meta VALUES ('format', ?)",
-                                     (str(FORMAT_VERSION),))
-                    row = (str(FORMAT_VERSION),)
-        if row is None or row[0] != str(FORMAT_VERSION):
+                                     (str(SCHEMA_VERSION),))
+                    row = (str(SCHEMA_VERSION),)
+        if row is None or row[0] != str(SCHEMA_VERSION):
             raise UnsupportedFormatError(
                 f"{self.path} has format version {None if row is None else row[0]!r}; this "
-                f"code reads version {FORMAT_VERSION}")
+                f"code reads version {SCHEMA_VERSION}")
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -137,11 +184,19 @@ class SqliteStore(BaseStore[_Handle]):
     # -- primitives ---------------------------------------------------------------
 
     def _exists(self, session_id: str) -> bool:
-        return self._db.execute("SELECT 1 FROM sessions WHERE id=?",
-                                (session_id,)).fetchone() is not None
+        try:
+            return self._db.execute("SELECT 1 FROM sessions WHERE id=?",
+                                    (session_id,)).fetchone() is not None
+        except sqlite3.Error as error:
+            raise _store_error(error, f"cannot look for session {session_id!r} in {self.path}",
+                               writing=False) from error
 
     def _list(self) -> list[str]:
-        return [row[0] for row in self._db.execute("SELECT id FROM sessions ORDER BY id")]
+        try:
+            return [row[0] for row in self._db.execute("SELECT id FROM sessions ORDER BY id")]
+        except sqlite3.Error as error:
+            raise _store_error(error, f"cannot list the sessions of {self.path}",
+                               writing=False) from error
 
     def _header(self, session_id: str) -> bytes:
         row = self._db.execute("SELECT header FROM sessions WHERE id=?",
@@ -152,19 +207,29 @@ class SqliteStore(BaseStore[_Handle]):
 
     def _read(self, session_id: str) -> StoredSession:
         try:
-            info, header_damage = parse_header(self._header(session_id), session_id, None)
+            header = self._header(session_id)
+            info, header_damage = parse_header(header, session_id, None)
             rows = self._db.execute(
                 "SELECT idx, crc, record FROM events WHERE session=? ORDER BY idx",
                 (session_id,)).fetchall()
-        except sqlite3.DatabaseError as error:
-            raise DamageError(session_id, [Damage("undecodable", None, None,
-                                                  f"database: {error}")]) from error
-        records = [decode_event(position, None, crc, _blob(record), idx)
+        except sqlite3.Error as error:
+            if _code(error) in _DAMAGE_CAUSES:
+                raise DamageError(session_id, [Damage("undecodable", None, None,
+                                                      f"database: {error}")]) from error
+            raise _store_error(error, f"cannot read session {session_id!r} from {self.path}",
+                               writing=False) from error
+        uid = info.uid if info is not None else header_uid(header)
+        records = [decode_event(position, None, crc, _blob(record), idx, uid=uid)
                    for position, (idx, crc, record) in enumerate(rows)]
-        return StoredSession(info, header_damage, records)
+        return StoredSession(info, header_damage, records, uid=uid)
 
     def _read_info(self, session_id: str) -> SessionInfo:
-        info, damage = parse_header(self._header(session_id), session_id, None)
+        try:
+            header = self._header(session_id)
+        except sqlite3.Error as error:
+            raise _store_error(error, f"cannot read session {session_id!r} from {self.path}",
+                               writing=False) from error
+        info, damage = parse_header(header, session_id, None)
         if damage is not None:
             raise DamageError(session_id, [damage])
         assert info is not None
@@ -176,22 +241,39 @@ class SqliteStore(BaseStore[_Handle]):
                 self._db.execute("INSERT INTO sessions VALUES (?, ?)",
                                  (info.session_id, header_bytes(info)))
                 self._db.executemany("INSERT INTO events VALUES (?, ?, ?, ?)",
-                                     [_row(info.session_id, event) for event in events])
+                                     [_row(info.session_id, event, info.uid)
+                                      for event in events])
         except sqlite3.IntegrityError:
             raise SessionExistsError(f"session {info.session_id!r} already exists") from None
-        return _Handle(info.session_id)
+        except sqlite3.Error as error:
+            raise _store_error(error, f"cannot create session {info.session_id!r} in "
+                               f"{self.path}", writing=True) from error
+        return _Handle(info.session_id, info.uid)
 
     def _reopen(self, session_id: str, stored: StoredSession) -> _Handle:
-        return _Handle(session_id)
+        return _Handle(session_id, stored.uid)
 
     def _salvage(self, info: SessionInfo, stored: StoredSession, kept: Sequence[Event],
                  closers: Sequence[Event]) -> tuple[_Handle, str]:
         session_id = info.session_id
         salvage = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
         now = time.time()
+        records = stored.records
+        assert isinstance(records, list)   # this backend reads its records as a list
+        try:
+            self._salvage_rows(info, stored, records, kept, closers, salvage, now)
+        except sqlite3.Error as error:
+            raise _store_error(error, f"cannot salvage session {session_id!r} in {self.path} "
+                               "(the session is unchanged)", writing=True) from error
+        return _Handle(session_id, info.uid), f"{self.path}#quarantine/{salvage}"
+
+    def _salvage_rows(self, info: SessionInfo, stored: StoredSession,
+                      records: list[RawRecord], kept: Sequence[Event],
+                      closers: Sequence[Event], salvage: str, now: float) -> None:
+        session_id = info.session_id
         with self._transaction():
-            if len(kept) < len(stored.records):
-                first = stored.records[len(kept)].stored_seq
+            if len(kept) < len(records):
+                first = records[len(kept)].stored_seq
                 self._db.execute(
                     "INSERT INTO quarantine SELECT ?, session, idx, crc, record, ? FROM events "
                     "WHERE session=? AND idx>=?", (salvage, now, session_id, first))
@@ -204,8 +286,7 @@ class SqliteStore(BaseStore[_Handle]):
                 self._db.execute("UPDATE sessions SET header=? WHERE id=?",
                                  (header_bytes(info), session_id))
             self._db.executemany("INSERT INTO events VALUES (?, ?, ?, ?)",
-                                 [_row(session_id, event) for event in closers])
-        return _Handle(session_id), f"{self.path}#quarantine/{salvage}"
+                                 [_row(session_id, event, info.uid) for event in closers])
 
     def _write(self, handle: _Handle, events: Sequence[Event]) -> None:
         handle.pending.extend(events)
@@ -216,10 +297,13 @@ class SqliteStore(BaseStore[_Handle]):
         try:
             with self._transaction():
                 self._db.executemany("INSERT INTO events VALUES (?, ?, ?, ?)",
-                                     [_row(handle.session_id, event) for event in handle.pending])
+                                     [_row(handle.session_id, event, handle.uid)
+                                      for event in handle.pending])
         except sqlite3.Error as error:  # rolled back: the events stay pending
             raise StoreWriteError(f"cannot write session {handle.session_id!r} to "
-                                  f"{self.path}: {error}") from error
+                                  f"{self.path}: {error} "
+                                  f"[{getattr(error, 'sqlite_errorname', 'SQLITE_ERROR')}]"
+                                  ) from error
         handle.pending.clear()
 
     def _release(self, handle: _Handle) -> None:

@@ -9,7 +9,7 @@ from typing import Final, Literal, Protocol, TypeAlias, runtime_checkable
 
 from machine.errors import ValidationError
 from machine.events import Event
-from machine.jsonvalue import JsonLike
+from machine.jsonvalue import JsonLike, plain_text
 
 __all__ = [
     "DAMAGE_KINDS",
@@ -35,6 +35,7 @@ DAMAGE_KINDS: Final = frozenset({"header", "checksum-mismatch", "undecodable", "
                                  "seq-duplicate", "invariant-violation"})
 
 _SESSION_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+_UID: Final = re.compile(r"[0-9a-f]{32}")
 
 
 def check_session_id(session_id: object, path: str = "session_id") -> str:
@@ -47,12 +48,19 @@ def check_session_id(session_id: object, path: str = "session_id") -> str:
 
 @dataclass(frozen=True, slots=True)
 class SessionInfo:
-    """The header of a stored session (S3): its id, fork parentage and working directory."""
+    """The header of a stored session (S3): its id, fork parentage and working directory.
+
+    ``uid`` is the session's identity (S8, format version 2): 32 lowercase hex digits minted
+    when the session is created, which every event record's checksum covers, so that a
+    record copied from another session is damage (S10). None for a session stored in
+    format version 1, which had none. It takes no part in equality (it is storage detail).
+    """
 
     session_id: str
     parent: str | None = None
     seed_length: int = 0
     cwd: str | None = None
+    uid: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         check_session_id(self.session_id)
@@ -60,12 +68,25 @@ class SessionInfo:
             check_session_id(self.parent, "parent")
         if type(self.seed_length) is not int or self.seed_length < 0:
             raise ValidationError("seed_length", "must be a non-negative integer")
-        if self.cwd is not None and not isinstance(self.cwd, str):
-            raise ValidationError("cwd", "must be a string or None")
+        if self.cwd is not None:
+            if not isinstance(self.cwd, str):
+                raise ValidationError("cwd", "must be a string or None")
+            object.__setattr__(self, "cwd", plain_text(self.cwd, "cwd"))    # V23
+        if self.uid is not None and (not isinstance(self.uid, str)
+                                     or _UID.fullmatch(self.uid) is None):
+            raise ValidationError("uid", "must be 32 lowercase hexadecimal digits or None")
+
+    @property
+    def version(self) -> int:
+        """The format version of the session's stored form (S8): 2 with a uid, else 1."""
+        return 1 if self.uid is None else 2
 
     def to_json(self) -> dict[str, JsonLike]:
-        """The header fields of the stored form (S8): ``{version, kind, session, ...}``."""
-        out: dict[str, JsonLike] = {"version": 1, "kind": "header", "session": self.session_id}
+        """The header fields of the stored form (S8): ``{version, kind, session, uid?, ...}``."""
+        out: dict[str, JsonLike] = {"version": self.version, "kind": "header",
+                                    "session": self.session_id}
+        if self.uid is not None:
+            out["uid"] = self.uid
         if self.parent is not None:
             out["parentSession"] = self.parent
         if self.seed_length:

@@ -15,17 +15,22 @@ Bugs:
 * ``late-failure`` — accepts the first ``followup`` at once and reports it as failed
   afterwards (``input-failed`` before its next reply, PROTOCOL.md §3), as a port whose
   command fails after its first output would.
+* ``exit`` — exits at the first pull without answering;
+* ``huge-line`` — answers the first pull with one line of 300 MB;
+* ``endless`` — answers the first pull with lines that never end.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
 from machine.conformance.examples.minimal_port import Port
 
-BUGS = ("idle-steer", "no-context-discard", "garbage", "hang", "late-failure")
+BUGS = ("idle-steer", "no-context-discard", "garbage", "hang", "late-failure", "exit",
+        "huge-line", "endless")
 
 
 class WrongPort(Port):
@@ -38,6 +43,7 @@ class WrongPort(Port):
         self.misrouted: set[str] = set()
         self.late: dict[str, Any] | None = None
         self.failed_once = False
+        self.pulls = 0
 
     def start(self, request: dict[str, Any]) -> list[dict[str, Any]]:
         if self.bug == "hang":
@@ -61,6 +67,18 @@ class WrongPort(Port):
         if self.late is not None:
             late, self.late = self.late, None
             return [late]
+        self.pulls += 1
+        if self.pulls == 1 and self.bug in ("exit", "huge-line", "endless"):
+            out = sys.stdout.buffer
+            if self.bug == "huge-line":
+                piece = b"x" * (1 << 20)
+                for _ in range(300):           # 300 MB, written while the checker reads
+                    out.write(piece)
+                out.write(b"\n")
+            while self.bug == "endless":
+                out.write(b"more output nobody asked for\n" * 1000)
+            out.flush()
+            raise SystemExit(3)
         kept: list[dict[str, Any]] = []
         for reply in super().pull(request):
             output = reply.get("output", {})

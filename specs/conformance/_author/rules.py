@@ -548,3 +548,53 @@ def rendered() -> Session:
                             "message": "PromptError: template missing: file not found"}]
     return s
 
+
+
+@scenario("R-loop-records-while-busy",
+          "R20.4: while the agent is busy, a direct append of an event type the loop writes "
+          "itself is refused as an invariant violation even where the log alone would accept "
+          "it (a step/end closing the loop's open step, an error tool/result in it); nothing "
+          "is appended, no seq is consumed, and the turn completes; idle, the same types are "
+          "the log's to judge",
+          ["R20.4", "R20.2", "L2", "L5", "L7"], ["rule"])
+def loop_records_while_busy() -> Session:
+    s = Session("one")
+    refusals: list[str | None] = []
+
+    def request(e: Effect) -> Any:
+        refusals.append(s.attempt(lambda: s.core.append(
+            "step/end", {"turn": 1, "step": 1}) and None))
+        refusals.append(s.attempt(lambda: s.core.append(
+            "tool/result", {"turn": 1, "step": 1, "message": {
+                "id": "x-tr", "role": "user", "source": {"kind": "tool", "callId": "x1"},
+                "content": [{"type": "tool-result", "toolCallId": "x1", "content": [],
+                             "isError": True}]},
+                "error": {"name": "ToolNotStartedError", "code": "TOOL_NOT_STARTED"}},
+            surface_op="append") and None))
+        return None
+    s.handle("request", request, times=1)
+    s.followup("go")
+    s.run()
+    assert len(refusals) == 2 and all(r is not None and "[R20.4]" in r for r in refusals)
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'one') SE(1.1) "
+                 "TE(1,completed)")
+    return s
+
+
+@scenario("P-turn-cannot-start",
+          "P16 case 3: a turn that direct appends left open (the agent idle) keeps a later run "
+          "from opening its own: the log refuses that turn/start, so there is no turn; the "
+          "agent warns 'the turn could not start: ...', writes neither the prompt nor a "
+          "decision's contexts, flushes and settles nothing, and goes idle",
+          ["P16", "R20.4", "L4", "R12.7"], ["rule", "protocol"])
+def turn_cannot_start() -> Session:
+    s = Session("never")
+    s.core.append("turn/start", {"turn": 1, "trigger": {"kind": "retry"}})
+    s.followup("go")
+    s.run()
+    assert [t for t in s.live() if t.startswith("warn(")] == [
+        "warn('the turn could not start: internal failure: InvariantError: [L4] turn/start: "
+        "turn 1 is still open')"], s.live()
+    s.expect_log("TS(1,retry)")
+    assert s.effects("model") == [] and s.effects("flush") == []
+    return s
