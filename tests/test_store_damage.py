@@ -19,6 +19,7 @@ from machine.store import (
     JsonlStore,
     SessionInfo,
     SqliteStore,
+    StoreFullError,
     StoreWriteError,
     UnsupportedFormatError,
 )
@@ -513,7 +514,7 @@ def test_S5_a_failed_append_leaves_nothing_behind(tmp_path: Path,
         raise OSError(28, "No space left on device")  # ...then the disk is full
 
     monkeypatch.setattr(jsonl_module.os, "write", half_then_fail)
-    with pytest.raises(StoreWriteError, match="No space left") as raised:
+    with pytest.raises(StoreFullError, match="No space left") as raised:
         store.append(SESSION, EVENTS[3])
     assert raised.value.recovered
     monkeypatch.setattr(jsonl_module.os, "write", real_write)

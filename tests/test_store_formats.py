@@ -29,7 +29,9 @@ from machine.store import (
     SessionInfo,
     SqliteStore,
     StoreError,
+    StoreFullError,
     StoreReadError,
+    StoreReadOnlyError,
     StoreWriteError,
     UnsupportedFormatError,
 )
@@ -343,15 +345,15 @@ def test_S32_jsonl_on_a_read_only_file_system(tmp_path: Path,
     loaded = store.load("clean")                     # needs no repair: it loads
     assert list(loaded.events) == EVENTS
     assert store.inspect("crashed").closers
-    with pytest.raises(StoreWriteError, match="Read-only file system") as raised:
+    with pytest.raises(StoreReadOnlyError, match="Read-only file system") as raised:
         store.load("crashed")                        # needs its closers written
     assert "crashed" in str(raised.value)
-    with pytest.raises(StoreWriteError, match=r"cut the torn final record .*Read-only"):
+    with pytest.raises(StoreReadOnlyError, match=r"cut the torn final record .*Read-only"):
         store.load("torn")
-    with pytest.raises(StoreWriteError, match=r"cannot create session 'new'.*Read-only"):
+    with pytest.raises(StoreReadOnlyError, match=r"cannot create session 'new'.*Read-only"):
         store.create("new")
     next_event = LogBuilder(loaded.events).user("x", plugin="p")
-    with pytest.raises(StoreWriteError, match=r"cannot append.*Read-only") as append_error:
+    with pytest.raises(StoreReadOnlyError, match=r"cannot append.*Read-only") as append_error:
         store.append("clean", next_event)
     assert append_error.value.recovered
     assert damaged.read_bytes().count(b"\n") == len(EVENTS) + 1
@@ -386,9 +388,10 @@ def test_S32_jsonl_a_full_disk_is_a_recovered_write_error(tmp_path: Path,
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "write", full)
-    with pytest.raises(StoreWriteError, match="No space left on device") as raised:
+    with pytest.raises(StoreFullError, match="No space left on device") as raised:
         store.append("s", EVENTS[5])
-    assert raised.value.recovered and raised.value.code == "STORE_WRITE_FAILED"
+    assert raised.value.recovered and raised.value.code == "STORE_FULL"
+    assert isinstance(raised.value, StoreWriteError)      # S32: a kind of write failure
     monkeypatch.undo()
     assert (root / "s.jsonl").stat().st_size == size
     store.append("s", EVENTS[5])
@@ -430,7 +433,7 @@ def test_S32_sqlite_read_only_is_not_reported_as_a_bad_database(
     empty = tmp_path / "empty.db"
     sqlite3.connect(empty).close()                # a database without the session tables
     _read_only_connect(monkeypatch)
-    with pytest.raises(StoreWriteError, match="readonly") as raised:
+    with pytest.raises(StoreReadOnlyError, match="readonly") as raised:
         SqliteStore(empty)                        # its tables cannot be created
     assert "not a session database" not in str(raised.value)
     with SqliteStore(path, fsync=False) as store:     # nothing to create: it opens
@@ -439,7 +442,7 @@ def test_S32_sqlite_read_only_is_not_reported_as_a_bad_database(
         with pytest.raises(StoreWriteError, match=r"cannot create session 'n'.*readonly"):
             store.create("n")
         store.append("s", LogBuilder(EVENTS).user("more", plugin="p"))
-        with pytest.raises(StoreWriteError, match=r"readonly.*SQLITE_READONLY"):
+        with pytest.raises(StoreReadOnlyError, match=r"readonly.*SQLITE_READONLY"):
             store.flush("s")
         with pytest.raises(StoreWriteError, match="readonly"):
             store.load("crashed")                 # its closers cannot be written
@@ -456,7 +459,7 @@ def test_S32_sqlite_a_full_disk_is_a_write_error_with_its_cause(tmp_path: Path) 
     big = LogBuilder()
     big.user("x" * 200_000, plugin="p")
     store.append("s", big.events[0])
-    with pytest.raises(StoreWriteError, match="full") as raised:
+    with pytest.raises(StoreFullError, match="full") as raised:
         store.flush("s")
     assert "SQLITE_FULL" in str(raised.value)
     with pytest.raises(StoreWriteError, match=r"cannot create session 't'.*full"):

@@ -50,7 +50,9 @@ from machine.store.errors import (
     DamageError,
     SessionExistsError,
     SessionNotFoundError,
+    StoreFullError,
     StoreReadError,
+    StoreReadOnlyError,
     StoreWriteError,
     UnsupportedFormatError,
 )
@@ -81,6 +83,16 @@ def encode_header(info: SessionInfo) -> bytes:
 def _cause(error: OSError) -> str:
     """The operating system's own words for *error* (S5: the real cause)."""
     return error.strerror or str(error) or type(error).__name__
+
+
+def _write_failure(error: OSError, message: str, *, recovered: bool = True) -> StoreWriteError:
+    """S32: the typed error of a write that failed with *error*: read-only storage and a full
+    disk or quota have their own classes, as for PostgreSQL (S28)."""
+    if error.errno == errno.EROFS:
+        return StoreReadOnlyError(message, recovered=recovered)
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StoreFullError(message, recovered=recovered)
+    return StoreWriteError(message, recovered=recovered)
 
 
 # --------------------------------------------------------------------------
@@ -248,7 +260,7 @@ class JsonlStore(BaseStore[_Handle]):
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise StoreWriteError(f"cannot create the store directory {self.root}: "
+            raise _write_failure(error, f"cannot create the store directory {self.root}: "
                                   f"{_cause(error)}") from error
         self._fsync = fsync
 
@@ -349,7 +361,7 @@ class JsonlStore(BaseStore[_Handle]):
                     os.fsync(fd)
             except OSError as error:
                 self._release(handle)
-                raise StoreWriteError(f"cannot cut the torn final record of session "
+                raise _write_failure(error, f"cannot cut the torn final record of session "
                                       f"{session_id!r} ({path}): {_cause(error)}") from error
         return handle
 
@@ -372,7 +384,7 @@ class JsonlStore(BaseStore[_Handle]):
         try:
             fd = self._writable(handle)
         except OSError as error:
-            raise StoreWriteError(f"cannot append to {handle.path}: {_cause(error)}") from error
+            raise _write_failure(error, f"cannot append to {handle.path}: {_cause(error)}") from error
         view = memoryview(data)
         try:
             while view:
@@ -381,10 +393,10 @@ class JsonlStore(BaseStore[_Handle]):
             try:
                 os.ftruncate(fd, handle.size)
             except OSError:
-                raise StoreWriteError(f"cannot append to {handle.path}: {_cause(error)}; the "
+                raise _write_failure(error, f"cannot append to {handle.path}: {_cause(error)}; the "
                                       "file may now end in a torn record",
                                       recovered=False) from error
-            raise StoreWriteError(f"cannot append to {handle.path}: {_cause(error)}") from error
+            raise _write_failure(error, f"cannot append to {handle.path}: {_cause(error)}") from error
         handle.size += len(data)
 
     def _sync(self, handle: _Handle) -> None:
@@ -392,7 +404,7 @@ class JsonlStore(BaseStore[_Handle]):
             try:
                 os.fsync(handle.fd)
             except OSError as error:
-                raise StoreWriteError(f"cannot flush {handle.path}: {_cause(error)}") from error
+                raise _write_failure(error, f"cannot flush {handle.path}: {_cause(error)}") from error
 
     def _release(self, handle: _Handle) -> None:
         if handle.fd is not None:
@@ -429,7 +441,7 @@ class JsonlStore(BaseStore[_Handle]):
         try:
             yield temporary
         except OSError as error:
-            raise StoreWriteError(f"{what}: {_cause(error)}" + (f";{after}" if after else "")
+            raise _write_failure(error, f"{what}: {_cause(error)}" + (f";{after}" if after else "")
                                   ) from error
         finally:
             with contextlib.suppress(OSError):

@@ -47,7 +47,9 @@ from machine.store.errors import (
     SessionExistsError,
     SessionNotFoundError,
     StoreError,
+    StoreFullError,
     StoreReadError,
+    StoreReadOnlyError,
     StoreWriteError,
     UnsupportedFormatError,
 )
@@ -91,6 +93,10 @@ def _store_error(error: sqlite3.Error, what: str, *, writing: bool) -> StoreErro
         return StoreError(f"{what}: not a session database ({cause})")
     if code in (_BUSY, _LOCKED):
         return StoreReadError(f"{what}: the database is locked by another connection ({cause})")
+    if code == _READONLY:                         # S32, as S28 for PostgreSQL
+        return StoreReadOnlyError(f"{what}: {cause}")
+    if code == _FULL:
+        return StoreFullError(f"{what}: {cause}")
     if writing or code in _WRITE_CAUSES:
         return StoreWriteError(f"{what}: {cause}")
     return StoreReadError(f"{what}: {cause}")
@@ -300,10 +306,10 @@ class SqliteStore(BaseStore[_Handle]):
                                      [_row(handle.session_id, event, handle.uid)
                                       for event in handle.pending])
         except sqlite3.Error as error:  # rolled back: the events stay pending
-            raise StoreWriteError(f"cannot write session {handle.session_id!r} to "
-                                  f"{self.path}: {error} "
-                                  f"[{getattr(error, 'sqlite_errorname', 'SQLITE_ERROR')}]"
-                                  ) from error
+            kind = {_READONLY: StoreReadOnlyError, _FULL: StoreFullError}.get(
+                _code(error) or 0, StoreWriteError)           # S32
+            raise kind(f"cannot write session {handle.session_id!r} to {self.path}: {error} "
+                       f"[{getattr(error, 'sqlite_errorname', 'SQLITE_ERROR')}]") from error
         handle.pending.clear()
 
     def _release(self, handle: _Handle) -> None:
