@@ -112,6 +112,7 @@ from machine.vocabulary import (
     ToolResult,
     block_problem,
     decision_from_json,
+    failure_text,
     internal_error,
     message_mapping,
     minted_id,
@@ -588,7 +589,7 @@ class AgentCore:
             raise
         except Exception as error:
             raise InvariantError("L2", f"{type_}: nothing was appended: "
-                                 f"{internal_error(error).message}") from error
+                                 f"{failure_text(error)}") from error
 
     def _check_live(self) -> None:
         if self._disposed:
@@ -1076,7 +1077,7 @@ class AgentCore:
                     durable = self._commit(ev.USER_MESSAGE, context, surface=True)
                 except Exception as error:              # P16: the context stays staged
                     yield self._warn(f"staged context could not be written: "
-                                     f"{internal_error(error).message}")
+                                     f"{failure_text(error)}")
                     break
                 self.outbox.take()
                 yield durable
@@ -1163,16 +1164,18 @@ class AgentCore:
         return {"turn": turn, "step": self._step}
 
     def _not_started(self, error: Exception) -> _Proc:
-        """P16: the log refused the run's turn/start (a direct append left a turn open, say):
-        there is no turn; the run ends with a warning, its prompt and contexts unwritten, and
-        continue-or-idle follows (as after a rejected admission)."""
+        """P16 case 3: the log refused the run's turn/start (a direct append left a turn open,
+        say): there is no turn; `agent/error` reports the refusal at step 0, the prompt and
+        contexts stay unwritten, and continue-or-idle follows (as after a rejected admission).
+        """
         self.window.fire("end_run")
         self.lifecycle.fire("close")
         self.lifecycle.fire("flush")
         self._owner = None
         self._ctrl = None
         self._pending_retry = False
-        yield self._warn(f"the turn could not start: {internal_error(error).message}")
+        yield Live(LiveEvent(ev.ERROR, FrozenDict({"turn": self._turn, "step": 0,
+                                                   "error": frozen_json(internal_error(error))})))
 
     def _classify(self, failure: _Aborted | _Failure) -> Generator[Output | _Wait, _Mail | None, None]:
         """R15: set the durable reason and settle reason; report errors."""

@@ -39,7 +39,7 @@ class NotJsonCompatibleError(ValidationError):
 class InvariantError(TurnstileError):
     """An append would break a session invariant; nothing was appended (rule L2)."""
 
-    code = "INVARIANT_VIOLATION"
+    code = "INVARIANT"
 
     def __init__(self, rule: str, message: str) -> None:
         self.rule = rule

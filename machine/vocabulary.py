@@ -703,17 +703,18 @@ def minted_id(mint: Callable[[str, int], str], kind: str, seq: int) -> str:
     return plain_text(minted, "mint_id")
 
 
-#: The code of an internal failure of the loop (rule P16).
-INTERNAL_ERROR: Final = "INTERNAL_ERROR"
-
-
 def internal_error(error: BaseException) -> ErrorInfo:
-    """P16: the error an internal failure of the loop is reported with: name
-    ``InternalError``, code ``INTERNAL_ERROR``, and a message naming what failed."""
+    """P16: the error an internal failure of the loop is reported with: the exception as it
+    is (its class name, message, ``code`` if it is coded), as R15.3 reports any failure and
+    as the original reports whatever its loop throws."""
+    return ErrorInfo.from_exception(error)
+
+
+def failure_text(error: BaseException) -> str:
+    """P16: an internal failure in words, for a warning or an error message:
+    ``<class>: <rendered message>``."""
     described = ErrorInfo.from_exception(error)
-    detail = described.rendered() if described.message or described.causes else ""
-    return ErrorInfo(f"internal failure: {described.name}" + (f": {detail}" if detail else ""),
-                     "InternalError", INTERNAL_ERROR)
+    return f"{described.name}: {described.rendered()}"
 
 
 # --------------------------------------------------------------------------

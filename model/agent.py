@@ -118,6 +118,7 @@ from machine.vocabulary import (
     ToolResult,
     block_problem,
     decision_from_json,
+    failure_text,
     internal_error,
     minted_id,
     retry_action_from_json,
@@ -979,7 +980,7 @@ class ModelAgent:
             raise
         except Exception as error:
             raise InvariantError("L2", f"{type_}: nothing was appended: "
-                                 f"{internal_error(error).message}") from error
+                                 f"{failure_text(error)}") from error
         self._queue(Durable(event))
         return event
 
@@ -1123,7 +1124,7 @@ class ModelAgent:
                     self._append(USER_MESSAGE, _message_json(self._outbox[0].message))
                 except Exception as error:  # P16: the context stays staged
                     self._warn("staged context could not be written: "
-                               f"{internal_error(error).message}")
+                               f"{failure_text(error)}")
                     yield None
                     break
                 self._outbox.pop(0)
@@ -1180,12 +1181,13 @@ class ModelAgent:
         try:
             self._append(TURN_START, {"turn": self._turn, "trigger": trigger})  # §8.2
         except Exception as error:
-            # P16: the log refused the turn/start (a direct append left a turn open): there
-            # is no turn; a warning, and continue-or-idle as after a rejected admission.
+            # P16 case 3: the log refused the turn/start (a direct append left a turn open):
+            # there is no turn; agent/error at step 0, and continue-or-idle as after a
+            # rejected admission.
             self._window = False
             self._owner = None
             self._pending_retry = False
-            self._warn(f"the turn could not start: {internal_error(error).message}")
+            self._live(ERROR, turn=self._turn, step=0, error=internal_error(error).to_json())
             yield None
             return False
         yield None

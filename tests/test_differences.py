@@ -1,4 +1,4 @@
-"""Family D (specs/core.md D9–D12, specs/differences.md) and the protocol rules the fidelity
+"""Family D (specs/core.md D9–D14, specs/differences.md) and the protocol rules the fidelity
 work added (specs/protocol.md P14 observers that fail, P15 internal yields).
 
 Each test drives the machine and the reference model with the same inputs and requires the
@@ -14,7 +14,7 @@ import pytest
 
 from machine._model import ModelAgent
 from machine.core import AgentCore, CoreConfig
-from machine.errors import CodecError, DisposedError
+from machine.errors import CodecError, DisposedError, InvariantError
 from machine.events import CANCEL_REQUESTED, CONTEXT_DISCARD, INBOX_DISCARD
 from machine.io import Control, Durable, Effect, Live, Observer, Output, input_from_json
 from machine.scripted import HOLD, Driver, ScriptedEnvironment, calls_reply, text_reply
@@ -216,6 +216,54 @@ def test_D12_an_aborted_finish_without_failure_is_a_request_failure() -> None:
         driver.run()
         (recovery,) = [o for o in driver.outputs if isinstance(o, Effect) and o.kind == "request-error"]
         assert recovery.payload["failure"] == {"message": "model request aborted", "code": "ABORTED"}
+        return tokens(driver.outputs)
+    both(run)
+
+
+# --------------------------------------------------------------------------
+# D13, D14
+# --------------------------------------------------------------------------
+
+
+def test_D13_the_loops_records_are_refused_while_it_runs_and_the_turn_completes() -> None:
+    """D13, R20.4: a direct step/end closing the loop's open step is refused while busy (the
+    original accepted it and the turn then failed on its own next append)."""
+    def run(core: AgentCore) -> list[Any]:
+        env = ScriptedEnvironment(replies=[text_reply("one")])
+        driver = driven(core, env)
+        refused: list[str] = []
+
+        def close_the_step(output: Output) -> None:
+            if isinstance(output, Durable) and output.event.type == "step/start":
+                try:
+                    core.append("step/end", {"turn": 1, "step": 1})
+                except InvariantError as error:
+                    refused.append(error.rule)
+        driver.on(close_the_step)
+        core.followup(message("go", "m1"))
+        driver.run()
+        assert refused == ["R20.4"]
+        types = [e.type for e in core.log.events]
+        assert types.count("step/end") == 1 and types[-1] == "turn/end"
+        assert core.log.events[-1].data["reason"] == {"kind": "completed"}
+        return tokens(driver.outputs)
+    both(run)
+
+
+def test_D14_a_turn_appended_while_idle_counts_for_the_next_run() -> None:
+    """D14, R4.7: after turn/start 1 and turn/end 1 appended directly, the next run opens
+    turn 2 (the original asked for turn 1 again, was refused, and lost the prompt)."""
+    def run(core: AgentCore) -> list[Any]:
+        env = ScriptedEnvironment(replies=[text_reply("one")])
+        driver = driven(core, env)
+        core.append("turn/start", {"turn": 1, "trigger": {"kind": "retry"}})
+        core.append("turn/end", {"turn": 1, "reason": {"kind": "completed"}})
+        core.followup(message("go", "m1"))
+        driver.run()
+        starts = [e.data["turn"] for e in core.log.events if e.type == "turn/start"]
+        assert starts == [1, 2] and core.log.events[-1].type == "turn/end"
+        assert [o for o in driver.outputs
+                if isinstance(o, Live) and o.event.type == "agent/error"] == []
         return tokens(driver.outputs)
     both(run)
 

@@ -573,7 +573,7 @@ def test_v8_nothing_is_modified_on_failure() -> None:
     (ValidationError("p", "x"), "INVALID_VALUE", (ValueError,)),
     (NotJsonCompatibleError("p", "x"), "NOT_JSON_COMPATIBLE", (ValidationError, ValueError)),
     (CodecError("p", "x"), "CODEC_ERROR", (ValidationError, ValueError)),
-    (InvariantError("L1", "x"), "INVARIANT_VIOLATION", ()),
+    (InvariantError("L1", "x"), "INVARIANT", ()),
     (ProtocolError("x"), "PROTOCOL_ERROR", ()),
     (DisposedError("x"), "AGENT_DISPOSED", ()),
 ])

@@ -7,7 +7,9 @@ The spec fixes the names and codes of the errors the core builds itself
 invalid-decision warning (R0.8, R7.11), but not the human text that says
 what is wrong. The same goes for the one uncoded error the core builds, a
 request config without provider or model (R9.6, named ``Error`` as in the
-original, whose text names the agent). `loose_fields` finds those texts in an
+original, whose text names the agent), and the text of the log's refusal of an
+append (code ``INVARIANT``, P16 case 3): each implementation words its own
+invariants. `loose_fields` finds those texts in an
 output, so that a vector (or a trace check) compares them by prefix only.
 Everything else an output carries is compared exactly.
 """
@@ -19,12 +21,14 @@ from typing import Any, Final
 from machine.conformance.jsoncmp import Path
 from machine.core import NO_ROUTE_MESSAGE
 
-__all__ = ["INVALID_DECISION_PREFIX", "SYNTHESISED_CODES", "loose_fields"]
+__all__ = ["INVALID_DECISION_PREFIX", "LOG_REFUSAL_CODES", "SYNTHESISED_CODES", "loose_fields"]
 
 #: Codes of the errors the core builds, whose message the implementation words (R15.4).
 SYNTHESISED_CODES: Final = frozenset({
     "INVALID_CHUNK", "INVALID_TOOL_RESULT", "INVALID_REQUEST_CONFIG", "INVALID_SYSTEM_PROMPT",
 })
+#: Codes of the log's refusals (L2; reported by P16 case 3), worded by the implementation.
+LOG_REFUSAL_CODES: Final = frozenset({"INVARIANT"})
 #: Messages of uncoded errors the core builds (R9.6), worded by the implementation.
 WORDED_MESSAGES: Final = frozenset({NO_ROUTE_MESSAGE})
 #: R7.11: the warning text is this prefix followed by an implementation-worded problem.
@@ -47,7 +51,8 @@ def _walk(value: Any, path: Path, loose: dict[Path, str]) -> None:
     if isinstance(value, dict):
         code = value.get("code")
         message = value.get("message")
-        if isinstance(message, str) and (code in SYNTHESISED_CODES or message in WORDED_MESSAGES):
+        if isinstance(message, str) and (code in SYNTHESISED_CODES or code in LOG_REFUSAL_CODES
+                                         or message in WORDED_MESSAGES):
             loose[(*path, "message")] = ""
         for key, item in value.items():
             if isinstance(item, (dict, list)):

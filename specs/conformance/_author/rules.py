@@ -18,7 +18,8 @@ from machine.conformance.authoring import (
     result,
     scenario,
 )
-from machine.io import Effect
+from machine.io import Effect, Live
+from machine.jsonvalue import thaw
 from machine.vocabulary import ErrorInfo
 
 FAILURE = model_failure("model unavailable", "UNAVAILABLE")
@@ -556,7 +557,7 @@ def rendered() -> Session:
           "it (a step/end closing the loop's open step, an error tool/result in it); nothing "
           "is appended, no seq is consumed, and the turn completes; idle, the same types are "
           "the log's to judge",
-          ["R20.4", "R20.2", "L2", "L5", "L7"], ["rule"])
+          ["R20.4", "R20.2", "L2", "L5", "L7", "D13"], ["rule", "differs-from-original", "D13"])
 def loop_records_while_busy() -> Session:
     s = Session("one")
     refusals: list[str | None] = []
@@ -581,20 +582,45 @@ def loop_records_while_busy() -> Session:
     return s
 
 
+@scenario("R-turn-counter-follows-the-log",
+          "R4.7, D14: a turn appended directly while the agent is idle (turn/start 1 to "
+          "turn/end 1) counts: the next run opens turn 2 and completes, and so does the one "
+          "after it",
+          ["R4.7", "R8.1", "R8.2", "R20.2", "D14"], ["rule", "differs-from-original", "D14"])
+def turn_counter_follows_the_log() -> Session:
+    s = Session("one", "two")
+    s.core.append("turn/start", {"turn": 1, "trigger": {"kind": "retry"}})
+    s.core.append("turn/end", {"turn": 1, "reason": {"kind": "completed"}})
+    s.followup("go")
+    s.run()
+    s.followup("again")
+    s.run()
+    s.expect_log("TS(1,retry) TE(1,completed) "
+                 "TS(2,msg:user) UM('go') SS(2.1) RH(initial) CH… AM(2.1;'one') SE(2.1) "
+                 "TE(2,completed) "
+                 "TS(3,msg:user) UM('again') SS(3.1) CH… AM(3.1;'two') SE(3.1) TE(3,completed)")
+    return s
+
+
 @scenario("P-turn-cannot-start",
           "P16 case 3: a turn that direct appends left open (the agent idle) keeps a later run "
-          "from opening its own: the log refuses that turn/start, so there is no turn; the "
-          "agent warns 'the turn could not start: ...', writes neither the prompt nor a "
-          "decision's contexts, flushes and settles nothing, and goes idle",
-          ["P16", "R20.4", "L4", "R12.7"], ["rule", "protocol"])
+          "from opening its own: the log refuses that turn/start, so there is no turn; "
+          "agent/error reports the refusal at step 0 of turn 2 (the turn the run would have "
+          "opened, D14), the agent writes neither the prompt nor a decision's contexts, "
+          "flushes and settles nothing, and goes idle",
+          ["P16", "R20.4", "L4", "R12.7", "R4.7", "D14"],
+          ["rule", "protocol", "differs-from-original", "D14"])
 def turn_cannot_start() -> Session:
     s = Session("never")
     s.core.append("turn/start", {"turn": 1, "trigger": {"kind": "retry"}})
     s.followup("go")
     s.run()
-    assert [t for t in s.live() if t.startswith("warn(")] == [
-        "warn('the turn could not start: internal failure: InvariantError: [L4] turn/start: "
-        "turn 1 is still open')"], s.live()
+    assert not [t for t in s.live() if t.startswith("warn(")], s.live()
+    errors = [o.event.payload for o in s.outputs
+              if isinstance(o, Live) and o.event.type == "agent/error"]
+    assert [(e["turn"], e["step"], thaw(e["error"])) for e in errors] == [
+        (2, 0, {"name": "InvariantError", "code": "INVARIANT",
+                "message": "[L4] turn/start: turn 1 is still open"})], errors
     s.expect_log("TS(1,retry)")
     assert s.effects("model") == [] and s.effects("flush") == []
     return s
