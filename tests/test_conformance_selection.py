@@ -315,6 +315,43 @@ def test_corpus_json_agrees_with_the_formats_the_tools_speak() -> None:
     assert f"The corpus version is `{info.corpus}`" in protocol
 
 
+def test_corpus_version_follows_its_content() -> None:
+    """PROTOCOL.md §6: the corpus version changes with the vectors. corpus.json keeps the
+    corpus's digests at its version; a changed corpus must come with a new version (MAJOR
+    when what a port's verdict depends on changed, MINOR otherwise) and new digests."""
+    from machine.conformance.vectors import corpus_fingerprint
+
+    recorded = json.loads((CORPUS.parent / "corpus.json").read_text("utf-8"))["fingerprint"]
+    info = corpus_info()
+    now = corpus_fingerprint([CORPUS])
+    how = ("decide the new corpus version by PROTOCOL.md §6, set it in corpus.json and record "
+           f"the digests there: fingerprint = {{'corpus': <version>, **{now}}}")
+    assert recorded["corpus"] == info.corpus, f"the fingerprint is of another version: {how}"
+    assert recorded["behaviour"] == now["behaviour"], (
+        f"vector inputs, configs, seeds or expected outputs changed at corpus {info.corpus}"
+        f" (a MAJOR change): {how}")
+    assert recorded["description"] == now["description"], (
+        f"vector titles, rules, tags or original steps changed at corpus {info.corpus}"
+        f" (a MINOR change): {how}")
+
+
+def test_the_corpus_fingerprint_separates_behaviour_from_description(tmp_path: Path) -> None:
+    from machine.conformance.vectors import corpus_fingerprint
+
+    source = next(iter(sorted(CORPUS.glob("A1-*.json"))))
+    vector = json.loads(source.read_text("utf-8"))
+    (tmp_path / "v.json").write_text(json.dumps(vector), "utf-8")
+    base = corpus_fingerprint([tmp_path])
+    vector["title"] += " (retitled)"
+    (tmp_path / "v.json").write_text(json.dumps(vector), "utf-8")
+    retitled = corpus_fingerprint([tmp_path])
+    assert retitled["behaviour"] == base["behaviour"]
+    assert retitled["description"] != base["description"]
+    vector["steps"][-1] = {**vector["steps"][-1], "note": "changed"}
+    (tmp_path / "v.json").write_text(json.dumps(vector), "utf-8")
+    assert corpus_fingerprint([tmp_path])["behaviour"] != base["behaviour"]
+
+
 def test_top_level_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"turnstile {__version__} (distribution turnstile-agent)\n"

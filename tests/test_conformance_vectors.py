@@ -124,15 +124,20 @@ def test_D_tags_a_vector_lists_a_difference_in_its_rules_iff_in_its_tags(corpus:
 
 def test_D_tags_every_difference_has_a_vector_and_the_table_names_them(corpus: list[Vector]) -> None:
     """Each D of specs/core.md has at least one vector (D8 excepted: the core has no storage),
-    and the table of specs/differences.md lists exactly the vectors tagged with it."""
-    declared = set(re.findall(r"^\*\*(D\d+)\. ", (SPECS / "core.md").read_text(encoding="utf-8"),
-                              re.M))
+    and the table of specs/differences.md and the entry's *Vectors:* line in specs/core.md list
+    exactly the vectors tagged with it."""
+    core = (SPECS / "core.md").read_text(encoding="utf-8")
+    declared = set(re.findall(r"^\*\*(D\d+)\. ", core, re.M))
     assert declared == {f"D{n}" for n in range(1, 15)}
     by_tag: dict[str, set[str]] = {d: set() for d in declared}
     for vector in corpus:
         for difference in _differences(vector.tags):
             by_tag[difference].add(vector.id)
     table = dict(re.findall(r"^\| (D\d+) \| (.+) \|$", DIFFERENCES, re.M))
+    # each D entry of core.md ends with "*Vectors:* a, b, c." (wrapped over lines)
+    entries = {d: " ".join(v.split()) for d, v in re.findall(
+        r"^\*\*(D\d+)\. .*?\*Vectors:\* (.*?)\.$", core, re.M | re.S)}
+    assert set(entries) == declared
     assert set(table) == declared
     for difference in sorted(declared, key=lambda d: int(d[1:])):
         named = {v.strip() for v in table[difference].split(",")}
@@ -141,6 +146,9 @@ def test_D_tags_every_difference_has_a_vector_and_the_table_names_them(corpus: l
             continue
         assert by_tag[difference], f"{difference} has no vector"
         assert named == by_tag[difference], (difference, sorted(named ^ by_tag[difference]))
+        listed = {v.strip() for v in entries[difference].split(",")}
+        assert listed == by_tag[difference], ("core.md", difference,
+                                              sorted(listed ^ by_tag[difference]))
 
 
 def test_D_tags_each_differing_vector_says_where_the_original_departs(corpus: list[Vector]) -> None:

@@ -459,6 +459,29 @@ def find_vectors(paths: Sequence[str | Path]) -> Iterator[Path]:
                 yield file
 
 
+#: What a port's verdict depends on (PROTOCOL.md §6: a change here is a MAJOR change of the
+#: corpus); the other fields (title, rules, tags, original) describe the vector.
+BEHAVIOUR_FIELDS: Final = ("version", "id", "config", "seed", "steps")
+
+
+def corpus_fingerprint(paths: Sequence[str | Path]) -> dict[str, str]:
+    """Two SHA-256 digests of the vectors under *paths*, in id order: ``behaviour`` over
+    what a port's verdict depends on (`BEHAVIOUR_FIELDS`), ``description`` over the rest.
+    ``corpus.json`` records them for its version, so a changed corpus cannot keep its
+    version number unnoticed (PROTOCOL.md §6)."""
+    import hashlib
+
+    behaviour, description = hashlib.sha256(), hashlib.sha256()
+    vectors = sorted((decode_json(path.read_text(encoding="utf-8"))
+                      for path in find_vectors(paths)), key=lambda v: str(v.get("id")))
+    for vector in vectors:
+        for digest, keep in ((behaviour, True), (description, False)):
+            part = {k: v for k, v in vector.items() if (k in BEHAVIOUR_FIELDS) == keep}
+            digest.update(json.dumps(part, sort_keys=True, ensure_ascii=False,
+                                     separators=(",", ":")).encode("utf-8") + b"\n")
+    return {"behaviour": behaviour.hexdigest(), "description": description.hexdigest()}
+
+
 # --------------------------------------------------------------------------
 # Writing
 # --------------------------------------------------------------------------

@@ -191,7 +191,8 @@ def m02_followup() -> Session:
 
 
 @cell(2, "cancel", "aborts ahead of {prompt-submit}, which is never requested; the dequeue is "
-      "still emitted; rejected; no warning; no turn", ["R7.5", "R7.10", "R16.4"], ["cancel"])
+      "still emitted; rejected; no warning; no turn", ["R7.5", "R7.10", "R16.4", "P15"],
+      ["cancel"])
 def m02_cancel() -> Session:
     s = basic(RUNNING, "cancel")
     assert s.log() == [] and not s.effects("prompt-submit")
@@ -199,7 +200,8 @@ def m02_cancel() -> Session:
     return s
 
 
-@cell(2, "dispose", "aborts ahead of {prompt-submit}; no turn; teardown", ["R17.1", "R7.5"],
+@cell(2, "dispose", "aborts ahead of {prompt-submit}; no turn; teardown",
+      ["R17.1", "R7.5", "P15"],
       ["dispose"])
 def m02_dispose() -> Session:
     s = basic(RUNNING, "dispose")

@@ -124,7 +124,7 @@ def e6() -> Session:
 @scenario("E7-cancel-from-running-notification",
           "E7. A cancel from the agent/status('running') observer aborts the admission before "
           "prompt-submit is invoked; the claimed item is still dequeued; no turn, no discard",
-          ["R7.4", "R7.5", "R16.4", "R19"], ["scenario", "scenario:E7", "cancel"])
+          ["R7.4", "R7.5", "R16.4", "R19", "P15"], ["scenario", "scenario:E7", "cancel"])
 def e7() -> Session:
     s = Session()
     s.on(live("agent/status", status="running"), lambda o: s.cancel())
@@ -139,7 +139,7 @@ def e7() -> Session:
 @scenario("E9-dispose-from-running-notification",
           "E9. dispose() from the running observer: no cancel-requested, the admission is "
           "aborted, idle, then agent/disposed and session/disposed",
-          ["R17.1", "R7.5", "R19"], ["scenario", "scenario:E9", "dispose"])
+          ["R17.1", "R7.5", "R19", "P15"], ["scenario", "scenario:E9", "dispose"])
 def e9() -> Session:
     s = Session()
     s.on(live("agent/status", status="running"), lambda o: s.dispose())
