@@ -48,6 +48,7 @@ from typing import Any, Final, Literal, TypeAlias
 from machine import decisions
 from machine import events as ev
 from machine.errors import (
+    EXITS,
     CoreFailedError,
     DisposedError,
     InvariantError,
@@ -585,9 +586,9 @@ class AgentCore:
         try:
             return self.log.commit(type_, data, surface_op=surface_op,
                                    source_event_seqs=source_event_seqs)
-        except TurnstileError:
+        except (TurnstileError, *EXITS):
             raise
-        except Exception as error:
+        except BaseException as error:
             raise InvariantError("L2", f"{type_}: nothing was appended: "
                                  f"{failure_text(error)}") from error
 
@@ -823,8 +824,10 @@ class AgentCore:
                 try:
                     if not self._advance_idle():
                         return None
-                except Exception as error:      # P16: never escapes, never half-advanced
+                except BaseException as error:  # P16: never escapes, never half-advanced
                     self._stop(error)
+                    if isinstance(error, EXITS):
+                        raise           # P16: the core has stopped; the exit goes on
                 continue
             sent: _Mail | None = None
             if self._wait is not None:
@@ -838,8 +841,10 @@ class AgentCore:
             except StopIteration:
                 self._proc = None
                 continue
-            except Exception as error:          # P16: the loop cannot go on
+            except BaseException as error:      # P16: the loop cannot go on
                 self._stop(error)
+                if isinstance(error, EXITS):
+                    raise               # P16: the core has stopped; the exit goes on
                 continue
             if isinstance(yielded, _Wait):
                 self._wait = yielded.ids
@@ -855,7 +860,7 @@ class AgentCore:
             outputs.append(output)
         return outputs
 
-    def _stop(self, error: Exception) -> None:
+    def _stop(self, error: BaseException) -> None:
         """P16: the loop failed where it could not fail a turn in order (a closing append
         refused twice, or a failure outside any turn): the core stops. Its machines are reset
         (so the status is idle), what it waited for is abandoned (later completions are

@@ -7,6 +7,8 @@ also `ValueError`s, as the reference semantics require (§5.1 there).
 
 from __future__ import annotations
 
+from typing import Final
+
 
 class TurnstileError(Exception):
     """Base class: a coded error (rule V9)."""
@@ -66,6 +68,11 @@ class CodecError(ValidationError):
     """A JSON document that does not decode to the expected value."""
 
     code = "CODEC_ERROR"
+
+
+#: P16, RT18: the exceptions that ask the process to stop. Raised by embedder code the core
+#: calls, they stop the core cleanly first and then go on to the caller.
+EXITS: Final = (KeyboardInterrupt, SystemExit)
 
 
 class CoreFailedError(ProtocolError):

@@ -645,13 +645,15 @@ class ModelAgent:
             self._proc = None
             self._waiting = None
             return True
-        except Exception as error:  # P16: the loop cannot go on; the model stops
+        except BaseException as error:  # P16: the loop cannot go on; the model stops
             self._stop(error)
+            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                raise  # P16: an exit goes on to the caller once the model has stopped
             return True
         self._waiting = yielded.effects if isinstance(yielded, _Wait) else None
         return True
 
-    def _stop(self, error: Exception) -> None:
+    def _stop(self, error: BaseException) -> None:
         """P16: the loop failed outside any turn it could still fail in order: the model
         stops. Nothing is waited for any more (the outstanding effects are abandoned:
         their completions are accepted and dropped); a disposing agent discards what is
@@ -976,9 +978,9 @@ class ModelAgent:
         try:
             event = self.log.append(type_, data, surface_op=surface_op,
                                     source_event_seqs=source_event_seqs)
-        except TurnstileError:
+        except (TurnstileError, KeyboardInterrupt, SystemExit):
             raise
-        except Exception as error:
+        except BaseException as error:
             raise InvariantError("L2", f"{type_}: nothing was appended: "
                                  f"{failure_text(error)}") from error
         self._queue(Durable(event))

@@ -598,3 +598,132 @@ def test_P16_through_the_runtime_a_hostile_value_is_refused_and_a_failure_never_
         assert agent.disposed
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+class UserStop(BaseException):
+    """A BaseException of the embedder's own (neither an Exception nor an exit)."""
+
+
+def _clock_that_raises(error: BaseException, at: int) -> tuple[Callable[[], float], list[int]]:
+    """A clock that raises *error* at its call number *at* (0-based) and works otherwise."""
+    calls = [0]
+
+    def clock() -> float:
+        number = calls[0]
+        calls[0] += 1
+        if number == at:
+            raise error
+        return number + 1
+
+    return clock, calls
+
+
+def _pull_all(agent: Any) -> tuple[list[Output], BaseException | None]:
+    """Drive *agent* plainly; the first exception out of next_output() stops the drive."""
+    outputs: list[Output] = []
+    try:
+        outputs += drive_plainly(agent)
+    except BaseException as error:      # what escaped next_output(), if anything
+        return outputs, error
+    return outputs, None
+
+
+def _clock_calls_of_one_turn() -> int:
+    clock, calls = _clock_that_raises(UserStop(), -1)
+    core = AgentCore(clock=clock)
+    core.drain_outputs()
+    core.followup(user("go", "p1"))
+    drive_plainly(core)
+    return calls[0]
+
+
+@pytest.mark.parametrize("exit_", [KeyboardInterrupt, SystemExit, UserStop])
+@pytest.mark.parametrize("at", range(_clock_calls_of_one_turn()))
+def test_P16_an_exception_that_is_not_an_Exception_stops_the_core_cleanly(
+        exit_: type[BaseException], at: int) -> None:
+    """Issue 14.1 by another road: the clock raises KeyboardInterrupt, SystemExit or a
+    BaseException of the embedder's own at its call *at* of a turn. The core stops first
+    (agent/error, idle, nothing waited for), then an exit goes on out of next_output() and
+    another BaseException is contained; commands raise CoreFailedError, dispose() completes,
+    and machine and model agree output for output."""
+    runs = []
+    for agent_type in (AgentCore, ModelAgent):
+        clock, _ = _clock_that_raises(exit_("stop"), at)
+        agent = agent_type(clock=clock)
+        agent.drain_outputs()
+        agent.followup(user("go", "p1"))
+        outputs, escaped = _pull_all(agent)
+        if exit_ is UserStop:
+            assert escaped is None, agent_type
+        else:
+            assert isinstance(escaped, exit_), (agent_type, escaped)
+        outputs += agent.drain_outputs()        # what the stop queued before the exit left
+        assert agent.failure is not None and agent.failure.name == exit_.__name__
+        assert agent.status == "idle" and agent.outstanding_effects == ()
+        errors = [o for o in outputs if isinstance(o, Live) and o.event.type == "agent/error"]
+        reported = thaw(errors[-1].event.payload["error"])  # type: ignore[index]
+        assert (reported["name"], reported["message"]) == (exit_.__name__, "stop")
+        with pytest.raises(CoreFailedError):
+            agent.followup(user("more", "p2"))
+        agent.dispose()
+        outputs += agent.drain_outputs()
+        assert agent.disposed
+        assert [o.event.type for o in outputs if isinstance(o, Live)][-2:] == [
+            "agent/disposed", "session/disposed"]
+        runs.append([repr(o) for o in outputs])
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("agent_type", [AgentCore, ModelAgent])
+def test_P16_an_exit_during_a_commands_append_leaves_nothing_appended(agent_type: type) -> None:
+    """A direct append (or an idle inject) whose clock raises KeyboardInterrupt: the exit
+    goes on to the caller as it is, nothing was appended, and the agent works on; a
+    BaseException of the embedder's own is the typed InvariantError of L2."""
+    for error, expected in ((KeyboardInterrupt(), KeyboardInterrupt),
+                            (UserStop("stop"), InvariantError)):
+        clock, _ = _clock_that_raises(error, 0)
+        agent = agent_type(clock=clock)
+        agent.drain_outputs()
+        with pytest.raises(expected):
+            agent.inject(context("c", "c1"))
+        assert len(agent.log) == 0 and agent.drain_outputs() == []
+        agent.inject(context("c", "c1"))           # the clock works again
+        assert len(agent.log) == 1
+
+
+def test_P16_through_the_runtime_an_exit_from_the_clock_leaves_an_agent_that_disposes() -> None:
+    """The runtime's clock raises KeyboardInterrupt in the middle of a turn: the core stops,
+    the interrupt leaves asyncio.run, and a new loop disposes the agent (RT18)."""
+    import asyncio
+
+    from machine.runtime import Agent, ScriptedModel, text_reply
+
+    armed = {"now": False}
+
+    def clock() -> float:
+        if armed["now"]:
+            armed["now"] = False
+            raise KeyboardInterrupt
+        return 1
+
+    box: list[Any] = []
+
+    async def first() -> None:
+        agent = Agent(ScriptedModel([text_reply("hello")]), clock=clock)
+        box.append(agent)
+        agent.on("step/start", lambda _e: armed.__setitem__("now", True))
+        agent.followup("go")
+        await asyncio.wait_for(agent.when_idle(), 60)
+
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(first())
+    agent = box[0]
+
+    async def second() -> None:
+        await agent.when_idle(timeout=30)
+        assert agent.core.failure is not None
+        assert agent.core.failure.name == "KeyboardInterrupt"
+        await agent.dispose(timeout=30)
+
+    asyncio.run(second())
+    assert agent.disposed

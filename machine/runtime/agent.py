@@ -532,7 +532,15 @@ class Agent:
         try:
             if feed:
                 self._feed_ready()
-            while (output := core.next_output()) is not None:
+            while True:
+                try:
+                    output = core.next_output()
+                except EXITS as exc:    # P16: the core stopped first; raised below (RT18)
+                    if self._exit is None:
+                        self._exit = exc
+                    break
+                if output is None:
+                    break
                 self._deliver(output)
                 if self._exit is not None:
                     break

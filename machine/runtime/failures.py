@@ -22,14 +22,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from machine.errors import TurnstileError
+from machine.errors import EXITS, TurnstileError
 from machine.vocabulary import ErrorInfo, LlmFailure
 
 __all__ = ["CANCELLED", "EXITS", "AgentTimeoutError", "ModelFailure", "RaisedError",
            "error_info"]
 
-#: The exceptions that leave the runtime after it has recorded them (RT18).
-EXITS: Final = (KeyboardInterrupt, SystemExit)
+#: EXITS (machine.errors): the exceptions that leave the runtime after it has recorded them
+#: (RT18).
 
 #: The error of an effect whose task was cancelled from outside (RT18).
 CANCELLED: Final = ErrorInfo("the work's task was cancelled", "CancelledError", "CANCELLED")
