@@ -340,6 +340,63 @@ def test_RT15_anthropic_stops_overload_drops_and_rate_limits_are_classified() ->
     assert failures[3]["providerRetryAfterMs"] == 3000.0
 
 
+def test_RT15_anthropic_500_is_a_server_error_retried_by_the_policy_as_a_new_turn() -> None:
+    """The 500 of the OpenAI test, in the Messages API's form: SERVER_ERROR with its status
+    and request id, a transient failure that `RetryPolicy` retries (RT16) as a new turn."""
+    policy = RetryPolicy(base_delay=0.001, jitter=0)
+    replies = [Reply.error(500, {"type": "error", "error": {"type": "api_error",
+                                                           "message": "Internal server error"}},
+                           {"request-id": "req_500"}),
+               anthropic_text("done")]
+
+    def make(server: FakeServer) -> AnthropicMessages:
+        return AnthropicMessages("fake-claude", base_url=server.base_url, retry_policy=policy)
+    events, requests = converse(replies, make,
+                                setup=lambda a: a.hooks.request_error.use(retry_request))
+    failed = ends(events)[0].reason
+    assert failed.kind == "error" and failed.failure is not None
+    assert failed.failure.to_json() == {"message": "anthropic 500: Internal server error",
+                                        "code": "SERVER_ERROR", "status": 500,
+                                        "requestId": "req_500"}
+    assert RetryPolicy().retryable(failed.failure)
+    assert [e.data["trigger"]["kind"] for e in of(events, "turn/start")] == ["message", "retry"]
+    assert [e.reason.kind for e in ends(events)] == ["error", "completed"]
+    assert [e.data_as(AssistantMessageData).message.text
+            for e in of(events, "assistant/message")] == ["done"]
+    assert len(requests) == 2 and requests[1].json["messages"] == requests[0].json["messages"]
+
+
+def test_RT15_anthropic_a_malformed_event_is_a_malformed_response_and_nothing_is_committed(
+        ) -> None:
+    """An event that is not JSON, and one of a known type without its fields, end the turn
+    MALFORMED_RESPONSE (not retried, RT16); the text and the complete tool call that came
+    before are logged as chunks, but no message is committed and no tool runs."""
+    head = "".join(anthropic_tool_calls(("t1", "read", '{"path": "x"}'),
+                                        text="reading").events[:-2])   # no message_delta/stop
+    not_json = Reply.from_sse(head + "event: message_delta\ndata: {not json\n\n")
+    no_delta = Reply.from_sse(head + sse_event({"type": "message_delta",
+                                                "usage": {"output_tokens": 3}}, "message_delta"))
+    events, requests = converse([not_json, no_delta, anthropic_text("ok")], claude,
+                                prompts=("a", "b", "c"),
+                                setup=lambda a: a.hooks.request_error.use(retry_request))
+    reasons = [r.reason for r in ends(events)]
+    failures = [r.failure for r in reasons if r.failure is not None]
+    assert [r.kind for r in reasons] == ["error", "error", "completed"]
+    assert [f.code for f in failures] == ["MALFORMED_RESPONSE", "MALFORMED_RESPONSE"]
+    assert failures[1].message == ("anthropic: malformed stream event: message_delta: delta is "
+                                   "missing or not an object")
+    assert not any(RetryPolicy().retryable(f) for f in failures)
+    assert [e.data["trigger"]["kind"] for e in of(events, "turn/start")] == ["message"] * 3
+    chunks = [e.data["chunk"] for e in of(events, "assistant/chunk") if e.data["turn"] == 1]
+    assert [c["type"] for c in chunks] == ["text", "tool-call"]
+    assert [e.data_as(AssistantMessageData).message.text
+            for e in of(events, "assistant/message")] == ["ok"]
+    assert not [e for e in events if e.type.startswith("tool/")]
+    assert len(requests) == 3 and requests[2].json["messages"] == [{"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"type": "text", "text": "b"},
+        {"type": "text", "text": "c"}]}]
+
+
 def test_RT15_anthropic_tool_calls_builder_round_trip() -> None:
     events, requests = converse([anthropic_tool_calls(("t1", "read", '{"path": "x"}'),
                                                       text="reading"),

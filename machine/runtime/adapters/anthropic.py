@@ -31,7 +31,10 @@ The same mapping as the OpenAI-compatible adapter, in the Messages API's terms:
   usage from ``message_start`` and ``message_delta``;
 * **failures** → `ModelFailure` with `LlmFailure` facts, classified as for the
   OpenAI adapter (``overloaded_error`` and 529 are ``OVERLOADED``; an ``error``
-  event mid-stream is classified by its type).
+  event mid-stream is classified by its type; an event that is not JSON, or of a
+  known type but missing a field or with one of the wrong type, is
+  ``MALFORMED_RESPONSE``; events, blocks and deltas of unknown types are passed
+  over).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from machine.runtime.adapters.common import (
     MISSING_RESULT,
     Aborted,
     Labeller,
+    MalformedEvent,
     SdkErrors,
     adapter_options,
     block_json,
@@ -154,10 +158,7 @@ class AnthropicMessages:
         body = self.request(call)
         extra = {key: body.pop(key) for key in list(body)
                  if key not in ("model", "max_tokens", "messages", "system", "tools")}
-        blocks: dict[int, _Block] = {}
-        stop: str | None = None
-        finished = False
-        tokens: dict[str, int | None] = {}
+        reader = _Reader()
         received = False
         stream: anthropic.AsyncStream[Any] | None = None
         try:
@@ -166,52 +167,8 @@ class AnthropicMessages:
             async with contextlib.aclosing(until_aborted(aiter(opened), call.signal)) as events:
                 async for event in events:
                     received = True
-                    kind = event.type
-                    if kind == "message_start":
-                        figures = event.message.usage
-                        tokens = {"input": figures.input_tokens,
-                                  "output": figures.output_tokens,
-                                  "cache_read": getattr(figures, "cache_read_input_tokens", None),
-                                  "cache_write": getattr(figures,
-                                                         "cache_creation_input_tokens", None)}
-                    elif kind == "content_block_start":
-                        block = event.content_block
-                        started = _Block(block.type)
-                        blocks[event.index] = started
-                        if block.type == "tool_use":
-                            started.id, started.name = block.id, block.name
-                        elif block.type == "text" and block.text:
-                            yield {"type": "text", "text": block.text}
-                        elif block.type == "redacted_thinking":
-                            yield {"type": "block", "block": {"type": REDACTED_THINKING,
-                                                              "data": str(getattr(block, "data", ""))}}
-                    elif kind == "content_block_delta":
-                        delta = event.delta
-                        current = blocks.setdefault(event.index, _Block("text"))
-                        if delta.type == "text_delta":
-                            yield {"type": "text", "text": delta.text}
-                        elif delta.type == "thinking_delta":
-                            yield {"type": "reasoning", "text": delta.thinking}
-                        elif delta.type == "input_json_delta":
-                            current.parts.append(delta.partial_json)
-                        elif delta.type == "signature_delta":
-                            current.signature += delta.signature
-                    elif kind == "content_block_stop":
-                        done = blocks.get(event.index)
-                        if done is not None and done.type == "tool_use":
-                            yield {"type": "tool-call", "id": done.id, "name": done.name,
-                                   "arguments": "".join(done.parts)}
-                        elif done is not None and done.type == "thinking" and done.signature:
-                            yield {"type": "block", "block": {"type": SIGNATURE,
-                                                              "signature": done.signature}}
-                    elif kind == "message_delta":
-                        if event.delta.stop_reason is not None:
-                            stop = event.delta.stop_reason
-                        output = getattr(event.usage, "output_tokens", None)
-                        if output is not None:
-                            tokens["output"] = output
-                    elif kind == "message_stop":
-                        finished = True
+                    for chunk in reader.read(event):
+                        yield chunk
         except Aborted:
             yield {"type": "finish", "kind": "aborted"}
             return
@@ -223,13 +180,125 @@ class AnthropicMessages:
         finally:
             if stream is not None:
                 await stream.close()
+        tokens = reader.tokens
         # Anthropic's input_tokens are already the uncached input
         figures_out = usage(tokens.get("input"), tokens.get("output"),
                             cache_read_tokens=tokens.get("cache_read"),
                             cache_write_tokens=tokens.get("cache_write"))
-        for chunk in finish_chunks(self.provider, stop if finished else None, figures_out,
-                                   _FINISH, "refusal"):
+        for chunk in finish_chunks(self.provider, reader.stop if reader.finished else None,
+                                   figures_out, _FINISH, "refusal"):
             yield chunk
+
+
+@dataclass
+class _Reader:
+    """The state of one Messages stream: each event read as the chunks it makes.
+
+    An event of a known type whose fields are missing or of the wrong type raises
+    `MalformedEvent` (``MALFORMED_RESPONSE``) rather than whatever reading it would raise;
+    events, blocks and deltas of types the adapter does not know are passed over, as the
+    API asks of clients."""
+
+    blocks: dict[int, _Block] = field(default_factory=dict)
+    stop: str | None = None
+    finished: bool = False
+    tokens: dict[str, int | None] = field(default_factory=dict)
+
+    def read(self, event: object) -> list[Chunk]:
+        kind = _text(event, "type", "event")
+        if kind == "message_start":
+            figures = _get(_object(event, "message", kind), "usage")
+            self.tokens = {} if figures is None else {
+                "input": _count(figures, "input_tokens", kind),
+                "output": _count(figures, "output_tokens", kind),
+                "cache_read": _count(figures, "cache_read_input_tokens", kind),
+                "cache_write": _count(figures, "cache_creation_input_tokens", kind)}
+        elif kind == "content_block_start":
+            index = _index(event, kind)
+            block = _object(event, "content_block", kind)
+            started = _Block(_text(block, "type", kind))
+            self.blocks[index] = started
+            if started.type == "tool_use":
+                started.id, started.name = _text(block, "id", kind), _text(block, "name", kind)
+            elif started.type == "text":
+                text = _text(block, "text", kind, default="")
+                if text:
+                    return [{"type": "text", "text": text}]
+            elif started.type == "redacted_thinking":
+                return [{"type": "block", "block": {
+                    "type": REDACTED_THINKING, "data": _text(block, "data", kind, default="")}}]
+        elif kind == "content_block_delta":
+            current = self.blocks.setdefault(_index(event, kind), _Block("text"))
+            delta = _object(event, "delta", kind)
+            delta_kind = _text(delta, "type", kind)
+            if delta_kind == "text_delta":
+                return [{"type": "text", "text": _text(delta, "text", delta_kind)}]
+            if delta_kind == "thinking_delta":
+                return [{"type": "reasoning", "text": _text(delta, "thinking", delta_kind)}]
+            if delta_kind == "input_json_delta":
+                current.parts.append(_text(delta, "partial_json", delta_kind))
+            elif delta_kind == "signature_delta":
+                current.signature += _text(delta, "signature", delta_kind)
+        elif kind == "content_block_stop":
+            done = self.blocks.get(_index(event, kind))
+            if done is not None and done.type == "tool_use":
+                return [{"type": "tool-call", "id": done.id, "name": done.name,
+                         "arguments": "".join(done.parts)}]
+            if done is not None and done.type == "thinking" and done.signature:
+                return [{"type": "block", "block": {"type": SIGNATURE,
+                                                    "signature": done.signature}}]
+        elif kind == "message_delta":
+            delta = _object(event, "delta", kind)
+            if _get(delta, "stop_reason") is not None:
+                self.stop = _text(delta, "stop_reason", kind)
+            output = _count(_get(event, "usage"), "output_tokens", kind)
+            if output is not None:
+                self.tokens["output"] = output
+        elif kind == "message_stop":
+            self.finished = True
+        return []
+
+
+def _get(owner: object, name: str) -> Any:
+    """The field *name* of an event (the SDK's model, or a plain mapping), None if absent."""
+    if isinstance(owner, Mapping):
+        return owner.get(name)
+    return getattr(owner, name, None)
+
+
+def _object(owner: object, name: str, where: str) -> Any:
+    """The object field *name* of *owner*; `MalformedEvent` when it is missing or not an
+    object."""
+    value = _get(owner, name)
+    if value is None or isinstance(value, (str, int, float, list)):
+        raise MalformedEvent(f"{where}: {name} is missing or not an object")
+    return value
+
+
+def _text(owner: object, name: str, where: str, *, default: str | None = None) -> str:
+    """The string field *name* of *owner* (*default* when it is absent, if given)."""
+    value = _get(owner, name)
+    if value is None and default is not None:
+        return default
+    if not isinstance(value, str):
+        raise MalformedEvent(f"{where}: {name} is missing or not a string")
+    return value
+
+
+def _count(owner: object, name: str, where: str) -> int | None:
+    """The optional token count *name* of *owner*."""
+    value = _get(owner, name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise MalformedEvent(f"{where}: {name} is not an integer")
+    return value
+
+
+def _index(event: object, where: str) -> int:
+    """The block index of a content block event."""
+    value = _get(event, "index")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MalformedEvent(f"{where}: index is missing or not an integer")
+    return value
 
 # --------------------------------------------------------------------------
 # Mapping

@@ -28,7 +28,8 @@ __all__ = [
     "AUTHENTICATION_FAILED", "BAD_REQUEST", "CONTENT_FILTERED", "CONTEXT_LENGTH_EXCEEDED",
     "MALFORMED_RESPONSE", "MISSING_RESULT", "NETWORK_ERROR", "NOT_FOUND", "NO_KEY", "OVERLOADED",
     "PERMISSION_DENIED", "PROVIDER_ERROR", "QUOTA_EXCEEDED", "RATE_LIMITED", "REQUEST_TOO_LARGE",
-    "SERVER_ERROR", "STREAM_INTERRUPTED", "TIMEOUT", "Aborted", "Labeller", "SdkErrors",
+    "SERVER_ERROR", "STREAM_INTERRUPTED", "TIMEOUT", "Aborted", "Labeller", "MalformedEvent",
+    "SdkErrors",
     "adapter_options", "api_key", "block_json", "classify_status", "closing_chunks",
     "context_label", "finish_chunks", "http_failure", "is_transport_error", "label_text",
     "missing_result_ids", "parse_arguments", "race_abort", "refuse_reserved", "request_options",
@@ -258,10 +259,15 @@ def api_key(given: str | None, variable: str, base_url: str | None) -> str:
 NO_KEY: Final = "no-key"
 
 
+class MalformedEvent(ValueError):
+    """A stream event that is JSON but not of the provider's shape (a field missing or of
+    the wrong type), found by an adapter as it reads the event: `MALFORMED_RESPONSE`."""
+
+
 def stream_failure(provider: str, exc: BaseException, *, streamed: bool) -> ModelFailure | None:
     """A failure for an exception that is not the SDK's own API error: a torn or malformed
     stream; None when *exc* is neither (it is then a bug, and a generic failure)."""
-    if isinstance(exc, json.JSONDecodeError) or (
+    if isinstance(exc, (json.JSONDecodeError, MalformedEvent)) or (
             type(exc).__name__ == "ValidationError" and "pydantic" in type(exc).__module__):
         return ModelFailure(f"{provider}: malformed stream event: {exc}", MALFORMED_RESPONSE)
     if is_transport_error(exc):
