@@ -14,6 +14,7 @@ import gc
 import json
 import os
 import sqlite3
+import subprocess
 import tracemalloc
 import zlib
 from collections.abc import Callable, Iterator
@@ -469,6 +470,214 @@ def test_S32_sqlite_a_full_disk_is_a_write_error_with_its_cause(tmp_path: Path) 
     store.close()
     with SqliteStore(path) as again:
         assert len(again.load("s").events) == 1
+
+
+# S32 on real media: a tmpfs the test mounts (as root), remounted read-only or filled up.
+
+
+class _Medium:
+    """A tmpfs mounted at ``root`` for one test."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def remount(self, mode: str) -> None:
+        """Remount the tmpfs ``ro`` or ``rw`` (every store on it must be closed first)."""
+        _mount_command("mount", "-o", f"remount,{mode}", str(self.root))
+
+    def fill(self) -> None:
+        """Take every byte left on the tmpfs (ENOSPC from then on)."""
+        fd = os.open(self.root / "filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            for chunk in (b"\0" * 65536, b"\0" * 4096, b"\0"):
+                try:
+                    while True:
+                        os.write(fd, chunk)
+                except OSError as error:
+                    if error.errno != errno.ENOSPC:
+                        raise
+        finally:
+            os.close(fd)
+
+    def free(self) -> None:
+        (self.root / "filler").unlink()
+
+
+def _mount_command(*argv: str) -> None:
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except OSError as error:
+        pytest.fail(f"S32 tests on real media: cannot run {argv[0]}: {error}")
+    if result.returncode != 0:
+        pytest.fail(f"S32 tests on real media: {' '.join(argv)} failed as root "
+                    f"(exit {result.returncode}): {result.stderr.strip()}")
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[_Medium]:
+    """A 4 MiB tmpfs mounted in the test's temporary directory, unmounted afterwards. Tests
+    run as root (CI); without root nothing can be mounted and the test is skipped."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs for the S32 real-media tests needs root")
+    root = tmp_path / "medium"
+    root.mkdir()
+    _mount_command("mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(root))
+    try:
+        yield _Medium(root)
+    finally:
+        gc.collect()                        # connections of stores a failed test left open
+        result = subprocess.run(["umount", str(root)], capture_output=True, text=True,
+                                check=False)
+        if result.returncode != 0:          # detach it anyway, then report
+            subprocess.run(["umount", "-l", str(root)], capture_output=True, check=False)
+            raise AssertionError(f"cannot unmount the test's tmpfs {root}: "
+                                 f"{result.stderr.strip()}")
+
+
+def _leave_a_crashed_writer(path: Path, event: Event) -> None:
+    """Leave the database *path* as a writer killed after flushing *event* to session ``s``
+    leaves it: the event is only in the ``-wal`` file, with its ``-shm`` index beside it."""
+    store = SqliteStore(path, fsync=False)
+    store._db.execute("PRAGMA wal_autocheckpoint=0")      # nothing reaches the database file
+    store.load("s")
+    store.append("s", event)
+    store.flush("s")
+    files = {suffix: Path(f"{path}{suffix}").read_bytes() for suffix in ("", "-wal", "-shm")}
+    store.close()                                         # checkpoints and removes the -wal
+    for suffix, data in files.items():
+        Path(f"{path}{suffix}").write_bytes(data)
+
+
+def _stored_in_database_file(path: Path) -> int:
+    """How many events of session ``s`` the database file itself holds (its -wal ignored)."""
+    db = sqlite3.connect(f"{path.as_uri()}?immutable=1", uri=True)
+    try:
+        (count,) = db.execute("SELECT count(*) FROM events WHERE session='s'").fetchone()
+    finally:
+        db.close()
+    assert isinstance(count, int)
+    return count
+
+
+def test_S32_sqlite_on_a_read_only_mount_reads_and_refuses_every_write(
+        tmpfs: _Medium) -> None:
+    path = tmpfs.root / "sessions.db"
+    with SqliteStore(path, fsync=False) as store:
+        store_events(store, "s", EVENTS)
+        store_events(store, "crashed", sample_session(open_tail=True))
+        store_events(store, "damaged", EVENTS)
+    db = sqlite3.connect(path)
+    db.execute("UPDATE events SET crc=crc+1 WHERE session='damaged' AND idx=5")
+    db.commit()
+    db.close()
+    assert sorted(p.name for p in tmpfs.root.iterdir()) == ["sessions.db"]   # no -wal, -shm
+    tmpfs.remount("ro")
+    for create in (False, True):
+        sqlite_store = SqliteStore(path, create=create)       # it opens, read-only
+        assert sqlite_store.read_only is not None
+        assert "Read-only file system" in sqlite_store.read_only
+        with sqlite_store as store:
+            assert store.list_sessions() == ["crashed", "damaged", "s"]
+            assert store.info("s").session_id == "s"
+            assert list(store.inspect("s").events) == EVENTS
+            loaded = store.load("s")
+            assert list(loaded.events) == EVENTS and not loaded.report.damage
+            assert store.inspect("crashed").closers
+            with pytest.raises(DamageError):
+                store.load("damaged")                     # reading finds the damage
+            write_refusals: list[tuple[str, Callable[[], object]]] = [
+                (r"cannot create session 'n'", lambda: store.create("n")),
+                (r"cannot append to session 's'",
+                 lambda: store.append("s", LogBuilder(EVENTS).user("x", plugin="p"))),
+                (r"session 'crashed'", lambda: store.load("crashed")),   # its closers
+                (r"cannot salvage session 'damaged' .*unchanged",
+                 lambda: store.load("damaged", "salvage")),
+                (r"cannot create session 'kid'", lambda: store.fork("s", child_id="kid")),
+            ]
+            for what, write in write_refusals:
+                with pytest.raises(StoreReadOnlyError, match=what) as raised:
+                    write()
+                assert "Read-only file system" in str(raised.value), what
+                assert raised.value.code == "STORE_READ_ONLY" and raised.value.recovered
+            assert not store.is_open("crashed") and not store.is_open("kid")
+            store.flush("s")                              # nothing was held: nothing to write
+    with pytest.raises(StoreReadOnlyError, match=r"cannot create .*Read-only file system"):
+        SqliteStore(tmpfs.root / "new.db")
+    with pytest.raises(StoreError, match="no such database"):
+        SqliteStore(tmpfs.root / "new.db", create=False)
+    assert sorted(p.name for p in tmpfs.root.iterdir()) == ["sessions.db"]
+
+
+def test_S32_sqlite_on_a_read_only_mount_a_crashed_writers_log_is_read_or_refused(
+        tmpfs: _Medium) -> None:
+    path = tmpfs.root / "sessions.db"
+    with SqliteStore(path, fsync=False) as store:
+        store_events(store, "s", EVENTS)
+    late = LogBuilder(EVENTS).user("late", plugin="p")
+    _leave_a_crashed_writer(path, late)
+    assert _stored_in_database_file(path) == len(EVENTS)   # the late event is in the -wal only
+    tmpfs.remount("ro")
+    with SqliteStore(path, create=False) as store:       # -wal and -shm: SQLite applies the log
+        assert list(store.load("s").events) == [*EVENTS, late]
+        with pytest.raises(StoreReadOnlyError, match="Read-only file system"):
+            store.append("s", LogBuilder([*EVENTS, late]).user("more", plugin="p"))
+    tmpfs.remount("rw")
+    Path(f"{path}-shm").unlink()                         # a log SQLite cannot apply read-only
+    tmpfs.remount("ro")
+    for create in (False, True):
+        with pytest.raises(StoreReadOnlyError, match=r"write-ahead log sessions\.db-wal") as raised:
+            SqliteStore(path, create=create)             # not a stale read without the event
+        assert "Read-only file system" in str(raised.value)
+        assert "could miss flushed events" in str(raised.value)
+    tmpfs.remount("rw")
+    with SqliteStore(path, create=False) as store:       # where it can be written, it is all there
+        assert list(store.load("s").events) == [*EVENTS, late]
+
+
+def test_S32_sqlite_on_a_full_tmpfs_flush_fails_typed_and_loses_nothing(
+        tmpfs: _Medium) -> None:
+    path = tmpfs.root / "sessions.db"
+    store = SqliteStore(path)
+    store_events(store, "s", EVENTS)
+    tmpfs.fill()
+    late = LogBuilder(EVENTS).user("x" * 100_000, plugin="p")
+    store.append("s", late)                               # held in memory (S5)
+    with pytest.raises(StoreFullError, match=r"cannot write session 's'.*SQLITE_FULL") as raised:
+        store.flush("s")
+    assert raised.value.recovered and raised.value.code == "STORE_FULL"
+    with pytest.raises(StoreFullError, match=r"cannot create session 't'.*full"):
+        store.create("t", cwd="y" * 100_000)
+    with SqliteStore(path, create=False) as reader:       # what was flushed is all there
+        assert list(reader.inspect("s").events) == EVENTS
+        assert reader.list_sessions() == ["s"]
+    tmpfs.free()
+    store.flush("s")                                      # the append stayed pending: it lands
+    store.create("t")
+    store.close()
+    with SqliteStore(path) as again:
+        assert list(again.load("s").events) == [*EVENTS, late]
+        assert again.list_sessions() == ["s", "t"]
+
+
+def test_S32_sqlite_opening_on_a_full_tmpfs_is_a_full_error(tmpfs: _Medium) -> None:
+    path = tmpfs.root / "sessions.db"
+    with SqliteStore(path) as store:
+        store_events(store, "s", EVENTS)
+    tmpfs.fill()
+    for create in (True, False):                          # its -shm index cannot be made
+        with pytest.raises(StoreFullError, match=r"cannot open .*No space left on device") \
+                as raised:
+            SqliteStore(path, create=create)
+        assert "SQLITE_IOERR_SHMSIZE" in str(raised.value) and raised.value.code == "STORE_FULL"
+    with pytest.raises(StoreFullError, match="SQLITE_FULL"):
+        SqliteStore(tmpfs.root / "new.db")
+    tmpfs.free()
+    with SqliteStore(path) as store:
+        assert list(store.load("s").events) == EVENTS
+        store.append("s", LogBuilder(EVENTS).user("after", plugin="p"))
+        store.flush("s")
+    with SqliteStore(path, create=False) as store:
+        assert len(store.load("s").events) == len(EVENTS) + 1
 
 
 def test_S32_sqlite_not_a_database_is_still_named_so(tmp_path: Path) -> None:
