@@ -30,6 +30,7 @@ from machine.runtime.adapters.fake_server import (
     anthropic_text,
     anthropic_tool_calls,
     openai_text,
+    openai_tool_calls,
     sse_event,
 )
 from machine.runtime.adapters.openai import OpenAIChat, to_openai_messages
@@ -192,6 +193,108 @@ def test_RT15_openai_a_malformed_event_is_a_malformed_response() -> None:
         "data: {not json\n\n"
     events, _ = converse([Reply.from_sse(stream)], openai)
     assert failure_of(events)["code"] == "MALFORMED_RESPONSE"
+
+
+def _chunk(*choices: object, **fields: object) -> dict[str, object]:
+    """A Chat Completions chunk with *choices* (each a choice as it is) and *fields* over it."""
+    return {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": list(choices), **fields}
+
+
+def _tool_delta(piece: object) -> dict[str, object]:
+    return _chunk({"index": 0, "delta": {"tool_calls": [piece]}, "finish_reason": None})
+
+
+@pytest.mark.parametrize(("bad", "says"), [
+    (_chunk(choices=None), "chunk: choices is missing or not a list"),
+    ({"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m"},
+     "chunk: choices is missing or not a list"),
+    (["not", "a", "chunk"], "chunk: the chunk is not an object"),
+    ('"not a chunk"', "chunk: the chunk is not an object"),
+    (_chunk(["a choice"]), "choice: a choice is not an object"),
+    (_chunk({"index": 0, "delta": "more text"}), "choice: delta is not an object"),
+    (_chunk({"delta": {"content": "a"}}), "choice: index is missing or not an integer"),
+    (_chunk({"index": 0, "delta": {"content": ["a"]}}), "delta: content is not a string"),
+    (_chunk({"index": 0, "delta": {}, "finish_reason": 1}),
+     "choice: finish_reason is not a string"),
+    (_chunk({"index": 0, "delta": {"tool_calls": {"index": 1}}}),
+     "delta: tool_calls is not a list"),
+    (_tool_delta({"id": "t2", "function": {"name": "read", "arguments": "{}"}}),
+     "tool call: index is missing or not an integer"),
+    (_tool_delta({"index": "first", "function": {"arguments": "{}"}}),
+     "tool call: index is missing or not an integer"),
+    (_tool_delta({"index": 0, "function": "read"}), "tool call: function is not an object"),
+    (_tool_delta({"index": 0, "function": {"arguments": {"path": "x"}}}),
+     "function: arguments is not a string"),
+    (_chunk(usage=[7, 3]), "chunk: usage is not an object"),
+    (_chunk(usage={"prompt_tokens": "seven", "completion_tokens": 3}),
+     "usage: prompt_tokens is not an integer"),
+    (_chunk(usage={"prompt_tokens": 7, "completion_tokens": 3,
+                   "prompt_tokens_details": {"cached_tokens": 2.5}}),
+     "prompt_tokens_details: cached_tokens is not an integer"),
+], ids=["choices-null", "choices-absent", "list", "string", "choice-not-object",
+        "delta-not-object", "choice-index-absent", "content-not-string",
+        "finish-reason-not-string", "tool-calls-not-list", "tool-index-absent",
+        "tool-index-not-int", "function-not-object", "arguments-not-string", "usage-not-object",
+        "usage-count-not-int", "usage-detail-not-int"])
+def test_RT15_openai_a_malformed_chunk_shape_is_a_malformed_response_and_nothing_is_committed(
+        bad: object, says: str) -> None:
+    """A chunk that is JSON but not of the Chat Completions shape ends the turn
+    MALFORMED_RESPONSE (not retried, RT16), though the rest of the stream would complete it:
+    the text that came before is logged as chunks, but no message is committed, the tool
+    call under way is not run, and a later prompt completes."""
+    whole = openai_tool_calls(("t1", "read", '{"path": "x"}'), text="reading").events
+    stream = Reply((*whole[:-3], sse_event(bad), *whole[-3:]))   # before the finish chunk
+    events, requests = converse([stream, openai_text("ok")], openai, prompts=("a", "b"),
+                                setup=lambda a: a.hooks.request_error.use(retry_request))
+    reasons = [r.reason for r in ends(events)]
+    assert [r.kind for r in reasons] == ["error", "completed"]
+    failure = reasons[0].failure
+    assert failure is not None and failure.to_json() == {
+        "message": f"fakeai: malformed stream event: {says}", "code": "MALFORMED_RESPONSE"}
+    assert not RetryPolicy().retryable(failure)
+    assert [e.data["trigger"]["kind"] for e in of(events, "turn/start")] == ["message"] * 2
+    chunks = [e.data["chunk"] for e in of(events, "assistant/chunk") if e.data["turn"] == 1]
+    assert chunks == [{"type": "text", "text": "reading"}]
+    assert [e.data_as(AssistantMessageData).message.text
+            for e in of(events, "assistant/message")] == ["ok"]
+    assert not [e for e in events if e.type.startswith("tool/")]
+    assert len(requests) == 2 and requests[1].json["messages"] == [
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "a"},
+        {"role": "user", "content": "b"}]
+
+
+def test_RT15_openai_fields_the_api_leaves_out_or_null_are_read_as_absent() -> None:
+    """The other side of the malformed shapes: null or absent optional fields (an empty
+    ``choices``, a choice without ``delta`` as Azure's filter chunks, null ``content``,
+    ``tool_calls``, ``id`` and ``function`` fields, null usage details) and fields the adapter
+    does not know are no failure."""
+    stream = Reply.from_sse("".join(sse_event(c) for c in [
+        _chunk(prompt_filter_results=[{"prompt_index": 0}]),
+        _chunk({"index": 0, "delta": {"role": "assistant", "content": None, "tool_calls": None,
+                                      "refusal": None}, "logprobs": None, "finish_reason": None}),
+        _chunk({"index": 0, "content_filter_results": {"hate": {"filtered": False}}}),
+        _chunk({"index": 0, "delta": None}),
+        _chunk({"index": 0, "delta": {"content": "fine", "reasoning": {"summary": "odd"}}}),
+        _tool_delta({"index": 0, "id": "t1", "type": "function",
+                     "function": {"name": "read", "arguments": None}}),
+        _tool_delta({"index": 0, "id": None, "function": {"name": None,
+                                                          "arguments": '{"path": "x"}'}}),
+        _tool_delta({"index": 0, "function": None, "extra_content": {"google": {}}}),
+        _chunk({"index": 1, "delta": "another choice, not read"}),
+        _chunk({"index": 0, "delta": {}, "finish_reason": "tool_calls"}),
+        _chunk(usage={"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
+                      "prompt_tokens_details": None, "completion_tokens_details": None}),
+        _chunk(usage=None),
+    ]) + sse_event("[DONE]"))
+    events, _ = converse([stream, openai_text("done")], openai)
+    assert [e.reason.kind for e in ends(events)] == ["completed"]
+    message = of(events, "assistant/message")[0].data_as(AssistantMessageData)
+    assert message.message.text == "fine"
+    assert message.usage == {"inputTokens": 7, "outputTokens": 3}
+    assert [(c.call_id, c.name, c.arguments) for c in
+            (e.data_as(ToolCallData) for e in of(events, "tool/call"))] == [
+        ("t1", "read", {"path": "x"})]
 
 
 def test_RT15_openai_an_error_event_mid_stream_and_a_missing_finish_are_failures() -> None:

@@ -33,7 +33,13 @@ What it maps (each in one place below):
   from the classification (``RATE_LIMITED``, ``CONTEXT_LENGTH_EXCEEDED``,
   ``AUTHENTICATION_FAILED``, ``SERVER_ERROR``, ``NETWORK_ERROR``,
   ``STREAM_INTERRUPTED``, ``MALFORMED_RESPONSE``, ...), ``Retry-After`` as
-  ``providerRetryAfterMs`` and the request id.
+  ``providerRetryAfterMs`` and the request id. A chunk that is not JSON, or is
+  JSON of the wrong shape (not an object, ``choices`` not a list, a ``delta``
+  that is not an object, a tool-call delta without its integer ``index``, a
+  field the adapter reads of the wrong type) is ``MALFORMED_RESPONSE``; fields
+  the API may leave out or null (an empty ``choices`` on the usage chunk, a
+  choice without ``delta``, a delta without ``content``) are read as absent, and
+  fields the adapter does not read are passed over.
 
 The SDK's own retries are off (``max_retries=0``): retrying is the agent's
 request-error point, with the adapter's ``retry_policy`` (RT16), and each retry
@@ -54,6 +60,7 @@ from machine.runtime.adapters.common import (
     NO_KEY,
     Aborted,
     Labeller,
+    MalformedEvent,
     SdkErrors,
     adapter_options,
     block_json,
@@ -163,9 +170,7 @@ class OpenAIChat:
         body = self.request(call)
         extra = {key: body.pop(key) for key in list(body)
                  if key not in ("model", "messages", "tools", "stream_options")}
-        calls: dict[int, _PendingCall] = {}
-        finish: str | None = None
-        figures: dict[str, int] | None = None
+        reader = _Reader()
         received = False
         stream: openai.AsyncStream[Any] | None = None
         try:
@@ -174,28 +179,8 @@ class OpenAIChat:
             async with contextlib.aclosing(until_aborted(aiter(opened), call.signal)) as chunks:
                 async for chunk in chunks:
                     received = True
-                    if chunk.usage is not None:
-                        figures = _usage(chunk.usage)
-                    for choice in chunk.choices:
-                        if choice.index != 0:
-                            continue
-                        delta = choice.delta
-                        reasoning = _reasoning(delta)
-                        if reasoning:
-                            yield {"type": "reasoning", "text": reasoning}
-                        if delta.content:
-                            yield {"type": "text", "text": delta.content}
-                        for piece in delta.tool_calls or ():
-                            pending = calls.setdefault(piece.index, _PendingCall())
-                            if piece.id:
-                                pending.id = piece.id
-                            if piece.function is not None:
-                                if piece.function.name:
-                                    pending.name += piece.function.name
-                                if piece.function.arguments:
-                                    pending.arguments.append(piece.function.arguments)
-                        if choice.finish_reason is not None:
-                            finish = choice.finish_reason
+                    for out in reader.read(chunk):
+                        yield out
         except Aborted:
             yield {"type": "finish", "kind": "aborted"}
             return
@@ -207,49 +192,165 @@ class OpenAIChat:
         finally:
             if stream is not None:
                 await stream.close()
-        for index in sorted(calls):
-            pending = calls[index]
+        for index in sorted(reader.calls):
+            pending = reader.calls[index]
             yield {"type": "tool-call", "id": pending.id or f"call-{call.turn}-{call.step}-{index}",
                    "name": pending.name, "arguments": "".join(pending.arguments)}
-        for chunk in finish_chunks(self.provider, finish, figures, _FINISH, "content_filter"):
+        for chunk in finish_chunks(self.provider, reader.finish, reader.figures, _FINISH,
+                                   "content_filter"):
             yield chunk
+
+
+@dataclass
+class _Reader:
+    """The state of one Chat Completions stream: each chunk read as the chunks it makes.
+
+    A chunk of the wrong shape (see the module docstring) raises `MalformedEvent`
+    (``MALFORMED_RESPONSE``) rather than whatever reading it would raise; what the API may
+    leave out or null is read as absent, and fields the adapter does not read are passed
+    over."""
+
+    calls: dict[int, _PendingCall] = field(default_factory=dict)
+    finish: str | None = None
+    figures: dict[str, int] | None = None
+
+    def read(self, chunk: object) -> list[Chunk]:
+        _require_object(chunk, "chunk", "the chunk")
+        raw_usage = _optional_object(chunk, "usage", "chunk")
+        if raw_usage is not None:
+            self.figures = _usage(raw_usage)
+        choices = _get(chunk, "choices")
+        if not isinstance(choices, list):
+            raise MalformedEvent("chunk: choices is missing or not a list")
+        out: list[Chunk] = []
+        for choice in choices:
+            _require_object(choice, "choice", "a choice")
+            if _index(choice, "choice") != 0:
+                continue
+            delta = _optional_object(choice, "delta", "choice")
+            if delta is not None:
+                reasoning = _reasoning(delta)
+                if reasoning:
+                    out.append({"type": "reasoning", "text": reasoning})
+                content = _text(delta, "content", "delta")
+                if content:
+                    out.append({"type": "text", "text": content})
+                self._tool_calls(delta)
+            finish = _text(choice, "finish_reason", "choice")
+            if finish is not None:
+                self.finish = finish
+        return out
+
+    def _tool_calls(self, delta: object) -> None:
+        pieces = _get(delta, "tool_calls")
+        if pieces is None:
+            return
+        if not isinstance(pieces, list):
+            raise MalformedEvent("delta: tool_calls is not a list")
+        for piece in pieces:
+            _require_object(piece, "tool call", "a tool call")
+            pending = self.calls.setdefault(_index(piece, "tool call"), _PendingCall())
+            call_id = _text(piece, "id", "tool call")
+            if call_id:
+                pending.id = call_id
+            function = _optional_object(piece, "function", "tool call")
+            if function is not None:
+                name = _text(function, "name", "function")
+                if name:
+                    pending.name += name
+                arguments = _text(function, "arguments", "function")
+                if arguments:
+                    pending.arguments.append(arguments)
+
+
+# --------------------------------------------------------------------------
+# Reading chunks
+# --------------------------------------------------------------------------
+
+
+def _get(owner: object, name: str) -> Any:
+    """The field *name* of a chunk part (the SDK's model, its extra fields, or a plain
+    mapping), None if absent."""
+    if isinstance(owner, Mapping):
+        return owner.get(name)
+    value = getattr(owner, name, None)
+    if value is None:
+        extra = getattr(owner, "model_extra", None)
+        value = extra.get(name) if isinstance(extra, dict) else None
+    return value
+
+
+def _is_object(value: object) -> bool:
+    """Whether *value* is a JSON object as the SDK hands it on: its model or a mapping."""
+    return isinstance(value, (Mapping, openai.BaseModel))
+
+
+def _require_object(value: object, where: str, what: str) -> None:
+    if not _is_object(value):
+        raise MalformedEvent(f"{where}: {what} is not an object")
+
+
+def _optional_object(owner: object, name: str, where: str) -> Any:
+    """The object field *name* of *owner*, None when absent or null; `MalformedEvent` when it
+    is anything else."""
+    value = _get(owner, name)
+    if value is not None and not _is_object(value):
+        raise MalformedEvent(f"{where}: {name} is not an object")
+    return value
+
+
+def _text(owner: object, name: str, where: str) -> str | None:
+    """The optional string field *name* of *owner*."""
+    value = _get(owner, name)
+    if value is not None and not isinstance(value, str):
+        raise MalformedEvent(f"{where}: {name} is not a string")
+    return value
+
+
+def _count(owner: object, name: str, where: str) -> int | None:
+    """The optional token count *name* of *owner*."""
+    value = _get(owner, name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise MalformedEvent(f"{where}: {name} is not an integer")
+    return value
+
+
+def _index(owner: object, where: str) -> int:
+    """The ``index`` of a choice or a tool-call delta."""
+    value = _get(owner, "index")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MalformedEvent(f"{where}: index is missing or not an integer")
+    return value
 
 # --------------------------------------------------------------------------
 # Mapping
 # --------------------------------------------------------------------------
 
 
-def _reasoning(delta: Any) -> str | None:
-    """DeepSeek's ``reasoning_content`` (or the ``reasoning`` some servers send)."""
+def _reasoning(delta: object) -> str | None:
+    """DeepSeek's ``reasoning_content`` (or the ``reasoning`` some servers send); not part of
+    the API, so a value that is not a string is passed over."""
     for name in ("reasoning_content", "reasoning"):
-        value = getattr(delta, name, None)
-        if value is None:
-            extra = getattr(delta, "model_extra", None)
-            value = extra.get(name) if isinstance(extra, dict) else None
+        value = _get(delta, name)
         if isinstance(value, str) and value:
             return value
     return None
 
 
-def _usage(raw: Any) -> dict[str, int] | None:
+def _usage(raw: object) -> dict[str, int] | None:
     """The usage chunk's figures (OpenAI details; DeepSeek's ``prompt_cache_hit_tokens``)."""
-    def number(source: Any, name: str) -> int | None:
-        value = getattr(source, name, None)
-        if value is None:
-            extra = getattr(source, "model_extra", None)
-            value = extra.get(name) if isinstance(extra, dict) else None
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-    prompt_details = getattr(raw, "prompt_tokens_details", None)
-    completion_details = getattr(raw, "completion_tokens_details", None)
-    cached = number(prompt_details, "cached_tokens") if prompt_details is not None else None
+    prompt_details = _optional_object(raw, "prompt_tokens_details", "usage")
+    completion_details = _optional_object(raw, "completion_tokens_details", "usage")
+    cached = (_count(prompt_details, "cached_tokens", "prompt_tokens_details")
+              if prompt_details is not None else None)
     if not cached:
-        cached = number(raw, "prompt_cache_hit_tokens")
-    prompt = number(raw, "prompt_tokens")
+        cached = _count(raw, "prompt_cache_hit_tokens", "usage")
+    prompt = _count(raw, "prompt_tokens", "usage")
     # disjoint counts, as the original's usage: the prompt count includes the cache hits
     uncached = None if prompt is None else prompt - (cached or 0)
-    return usage(uncached, number(raw, "completion_tokens"), cache_read_tokens=cached,
-                 reasoning_tokens=number(completion_details, "reasoning_tokens")
+    return usage(uncached, _count(raw, "completion_tokens", "usage"), cache_read_tokens=cached,
+                 reasoning_tokens=_count(completion_details, "reasoning_tokens",
+                                         "completion_tokens_details")
                  if completion_details is not None else None)
 
 
