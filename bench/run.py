@@ -37,7 +37,7 @@ def run_item(name: str, quick: bool, context: dict[str, Any], options: argparse.
     if name == "runtime":
         from bench import runtime_async
         runs = context.get("throughput", {}).get("runs", {})
-        core_us = {key: value["us_per_event"] for key, value in runs.items()}
+        core_us = {key: value["cpu_us_per_event"] for key, value in runs.items()}
         return runtime_async.run(quick, core_us=core_us)
     if name == "dispatch":
         from bench import dispatch

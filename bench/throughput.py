@@ -119,6 +119,7 @@ def table(results: dict[tuple[str, int], list[Run]], sizes: tuple[int, ...]
             figures[f"{workload}/{turns}"] = {"turns_per_s": tps.median,
                                               "events_per_s": eps.median,
                                               "us_per_event": us.median,
+                                              "cpu_us_per_event": cpu_us.median,
                                               "gc_share": gc_share.median}
         ratios[workload] = medians[sizes[-1]] / medians[sizes[0]]
         cpu_ratios[workload] = cpu_medians[sizes[-1]] / cpu_medians[sizes[0]]
