@@ -217,10 +217,11 @@ def test_loose_fields_only_need_their_prefix(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("depth", [5000, 100_000])
-def test_record_reports_a_draft_nested_too_deeply_as_malformed(
+def test_PROTOCOL_5_record_reports_a_draft_nested_too_deeply_as_malformed_exit_3(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], depth: int) -> None:
-    """Issue 14.8: `turnstile record` on deeply nested JSON exited 70 (internal error); it
-    is a malformed draft (exit 3), as for check, run and verify-trace."""
+    """PROTOCOL.md §5 (exit 3: a malformed draft, one nested too deeply to parse included;
+    a regression of issue 14.8, where `turnstile record` on deeply nested JSON exited 70,
+    internal error): it is a malformed draft, as for check, run and verify-trace."""
     nested = "[" * depth + "]" * depth
     for text in (nested, '{"steps": [{"in": "followup", "message": ' + nested + '}]}'):
         draft = tmp_path / "draft.json"
@@ -250,7 +251,8 @@ def test_record_of_a_value_deeper_than_V1_records_the_refusal(
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-5", "0", "soon"])
-def test_check_refuses_a_timeout_that_is_not_a_positive_number(
+def test_PROTOCOL_5_1_check_refuses_a_timeout_that_is_not_a_positive_number(
         value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """PROTOCOL.md 5.1: a timeout out of range or not finite is a usage error (exit 2)."""
     assert main(["check", "--timeout", value, "--port", "x"]) == 2
     assert "argument --timeout" in capsys.readouterr().err

@@ -221,7 +221,8 @@ def test_serve_reads_lines_until_bye() -> None:
 
 
 # --------------------------------------------------------------------------
-# A port that leaves children behind, or floods its output (issue 14.4)
+# PROTOCOL.md §3, errors and timeouts: a port that leaves children behind, or floods its
+# output, is a port failure (exit 4); its whole process group is ended (issue 14.4)
 # --------------------------------------------------------------------------
 
 
@@ -249,9 +250,10 @@ def wrapped(tmp_path: Path, bug: str) -> tuple[str, Path]:
     return shlex.join(["sh", "-c", script]), pidfile
 
 
-def test_a_port_whose_wrapper_leaves_a_child_on_its_output_is_ended_with_its_group(
+def test_PROTOCOL_3_a_port_whose_wrapper_leaves_a_child_on_its_output_is_ended_with_its_group(
         tmp_path: Path) -> None:
-    """Issue 14.4: the helper holds the port's output open, so the end of the output never
+    """PROTOCOL.md §3 (the checker ends the port's whole process group; a regression of
+    issue 14.4): the helper holds the port's output open, so the end of the output never
     comes; the checker times out, ends the port's whole process group and exits 4."""
     port, pidfile = wrapped(tmp_path, "hang")
     status, out, _ = run_check([A1], port, timeout=2.0)
@@ -260,10 +262,12 @@ def test_a_port_whose_wrapper_leaves_a_child_on_its_output_is_ended_with_its_gro
     assert _gone(int(pidfile.read_text()))
 
 
-def test_a_port_that_exits_while_a_child_holds_its_output_is_reported_as_exited(
+def test_PROTOCOL_3_a_port_that_exits_while_a_child_holds_its_output_is_reported_as_exited(
         tmp_path: Path) -> None:
-    """The port itself exits at the first pull; its helper still holds the output. The
-    checker notices the exit without waiting for the (generous) reply timeout."""
+    """PROTOCOL.md §3 (the port exiting counts even while a child of it still holds its
+    output open): the port itself exits at the first pull; its helper still holds the
+    output. The checker notices the exit without waiting for the (generous) reply
+    timeout."""
     port, pidfile = wrapped(tmp_path, "exit")
     started = time.monotonic()
     status, out, _ = run_check([A1], port, timeout=600.0)
@@ -274,8 +278,9 @@ def test_a_port_that_exits_while_a_child_holds_its_output_is_reported_as_exited(
 
 
 @pytest.mark.parametrize("bug", ["huge-line", "endless"])
-def test_a_port_flooding_its_output_exits_4_without_a_traceback(bug: str) -> None:
-    """A 300 MB reply line, or output that never ends: `turnstile check --port` reads at
+def test_PROTOCOL_3_a_port_flooding_its_output_exits_4_without_a_traceback(bug: str) -> None:
+    """PROTOCOL.md §3 (a reply line longer than 16 MiB, at most 256 lines read ahead):
+    a 300 MB reply line, or output that never ends: `turnstile check --port` reads at
     most MAX_LINE_BYTES of a line and QUEUED_LINES ahead, reports a port failure (exit 4)
     and nothing on standard error."""
     done = subprocess.run(

@@ -14,11 +14,27 @@ import pytest
 
 from machine._model import ModelAgent
 from machine.core import AgentCore, CoreConfig
-from machine.errors import CodecError, DisposedError, InvariantError
-from machine.events import CANCEL_REQUESTED, CONTEXT_DISCARD, INBOX_DISCARD
-from machine.io import Control, Durable, Effect, Live, Observer, Output, input_from_json
-from machine.scripted import HOLD, Driver, ScriptedEnvironment, calls_reply, text_reply
-from machine.vocabulary import user_message
+from machine.errors import CodecError, DisposedError, InvariantError, TurnstileError
+from machine.events import CANCEL_REQUESTED, CORE_EVENT_TYPES, INBOX_DISCARD, LIVE_TYPES
+from machine.io import (
+    EFFECT_KINDS,
+    Control,
+    Durable,
+    Effect,
+    Live,
+    Observer,
+    Output,
+    input_from_json,
+)
+from machine.scripted import (
+    HOLD,
+    Driver,
+    ScriptedEnvironment,
+    calls_reply,
+    model_failure,
+    text_reply,
+)
+from machine.vocabulary import ErrorInfo, user_message
 
 Core = Callable[[CoreConfig], AgentCore]
 IMPLEMENTATIONS: dict[str, Core] = {
@@ -62,9 +78,9 @@ def streaming(core: AgentCore) -> Driver:
     return driver
 
 
-def both(run: Callable[[AgentCore], list[Any]]) -> list[Any]:
+def both(run: Callable[[AgentCore], list[Any]], config: CoreConfig = CONFIG) -> list[Any]:
     """Run *run* on the machine and on the model; they must agree; returns the result."""
-    results = [run(make(CONFIG)) for make in IMPLEMENTATIONS.values()]
+    results = [run(make(config)) for make in IMPLEMENTATIONS.values()]
     assert results[0] == results[1], f"machine {results[0]}\nmodel   {results[1]}"
     return results[0]
 
@@ -73,52 +89,148 @@ def both(run: Callable[[AgentCore], list[Any]]) -> list[Any]:
 # D9: a cancel joined to one in progress with nothing new to clear does nothing
 # --------------------------------------------------------------------------
 
-SELF_TRIGGERING = ["agent/cancel-requested", INBOX_DISCARD, CONTEXT_DISCARD, "abort",
-                   "agent/status", "turn/start", "step/end", "turn/end", "agent/settled"]
-COMMANDS = ["cancel-user", "cancel-parent", "cancel-keep", "dispose"]
+#: Every kind of output the core produces: each live notification type, each durable event
+#: type of the core catalog, each effect kind and both control outputs. `every_kind`
+#: produces each of them (the test below checks that its trigger was seen).
+OUTPUT_KINDS = sorted({*LIVE_TYPES, *CORE_EVENT_TYPES, *EFFECT_KINDS, "abort", "release"})
+#: What an observer issues on every output of a kind: the three cancels, dispose, and a
+#: direct append of a harmless (extension) event type.
+COMMANDS = ["cancel-user", "cancel-parent", "cancel-keep", "dispose", "append"]
+HARMLESS = "x-test/mark"
+PUBLISHING = CoreConfig(publish=True)
 
 
 def issue(core: AgentCore, command: str) -> None:
     if command == "dispose":
         core.dispose()
+    elif command == "append":
+        core.append(HARMLESS, {"n": 1})
     elif command == "cancel-keep":
         core.cancel({"kind": "parent"}, keep_inbox=True)
     else:
         core.cancel({"kind": command.removeprefix("cancel-")})
 
 
-def matches(output: Output, kind: str) -> bool:
-    if isinstance(output, Control):
-        return output.kind == kind
+def kind_of(output: Output) -> str:
     if isinstance(output, (Live, Durable)):
-        return output.event.type == kind
-    return False
+        return output.event.type
+    return output.kind
 
 
-@pytest.mark.parametrize("trigger", SELF_TRIGGERING)
-@pytest.mark.parametrize("command", COMMANDS)
-def test_D9_an_observer_that_cancels_or_disposes_on_every_output_of_a_kind_stops(
-        trigger: str, command: str) -> None:
-    """D9, P7, R16.1: whatever a cancel's (or dispose's) own notices make an observer do,
-    the run ends (quiescent or torn down) within a bound, machine and model alike, with the
-    invariants of R20.1 checked at every output by the driver."""
+def matches(output: Output, kind: str) -> bool:
+    return kind_of(output) == kind
+
+
+def every_kind(core: AgentCore, trigger: str | None = None,
+               command: str | None = None) -> tuple[list[Any], set[str]]:
+    """A run that produces every output kind: a turn with a tool call, a steer taken
+    mid-turn, a direct `todo/write`, a failed flush (`agent/warning`), a model failure
+    (`request-error`), a streaming turn cancelled with input queued and staged whose stream
+    a late chunk then releases, and disposal. With *trigger*, an observer issues *command*
+    on every output of that kind. Any command, the scenario's own or the observer's, may be
+    refused (a cancel after teardown, say): the refusal is recorded in place. Returns the
+    tokens (with the refusals) and the kinds of output seen."""
+    refusals: list[tuple[int, str]] = []
+    state = {"flush failures": 1, "hold": False, "todo": True, "steer": True}
+
+    def flush(_effect: Effect) -> Any:
+        if state["flush failures"]:
+            state["flush failures"] -= 1
+            return ("raise", ErrorInfo("disk full", "FlushError"))
+        return None
+
+    env = ScriptedEnvironment(
+        replies=[calls_reply(("c1", "t")), text_reply("after tools"),
+                 model_failure("overloaded", "OVERLOADED"), text_reply("done"),
+                 [{"type": "text", "text": "half"}, {"type": "bogus"}], text_reply("again")],
+        handlers={"flush": flush, "model": lambda _e: HOLD if state["hold"] else None})
+    driver = driven(core, env)
+
+    def attempt(what: str, act: Callable[[], object]) -> None:
+        try:
+            act()
+        except TurnstileError as error:
+            refusals.append((len(driver.outputs), f"{what} refused: {type(error).__name__}"))
+
+    def scenario(output: Output) -> None:
+        if state["todo"] and matches(output, "tool/result"):
+            state["todo"] = False
+            attempt("todo", lambda: core.append("todo/write", {
+                "todos": [{"content": "x", "status": "pending"}]}))
+        if state["steer"] and matches(output, "tool-execute"):
+            state["steer"] = False
+            attempt("steer", lambda: core.steer(message("mid", "m4")))
+    driver.on(scenario)
+
+    def observer(output: Output) -> None:
+        assert len(driver.outputs) < BOUND, "the run did not stop"
+        if command is not None and matches(output, trigger or ""):
+            attempt(command, lambda: issue(core, command))
+    driver.on(observer)
+    attempt("send", lambda: core.send(message("quiet", "q1"),
+                                      {"target": "next-turn", "wakeup": False}))
+    attempt("followup", lambda: core.followup(message("go", "m1")))
+    attempt("steer", lambda: core.steer(message("steer", "m2")))
+    attempt("inject", lambda: core.inject(message("ctx", "c1")))
+    driver.run()
+    state["hold"] = True                    # the next turn streams, held after one chunk
+    attempt("followup", lambda: core.followup(message("more", "m3")))
+    driver.run()
+    state["hold"] = False
+    held = [effect for effect in driver.held if effect.kind == "model"]
+    attempt("followup", lambda: core.followup(message("queued", "m5")))
+    attempt("inject", lambda: core.inject(message("ctx", "c2")))
+    if held:
+        attempt("chunk", lambda: core.chunk(held[0].id, {"type": "text", "text": "par"}))
+    driver.pump()
+    attempt("cancel", lambda: core.cancel({"kind": "user"}))
+    driver.pump()
+    if held:                                # a chunk after the abort: the stream is released
+        attempt("chunk", lambda: core.chunk(held[0].id, {"type": "text", "text": "tial"}))
+        if held[0] in driver.held:
+            driver.held.remove(held[0])
+    driver.run()
+    core.dispose()
+    driver.run()
+    assert core.disposed and len(driver.outputs) < BOUND
+    out: list[Any] = tokens(driver.outputs)
+    for position, refusal in reversed(refusals):
+        out.insert(position, refusal)
+    return out, {kind_of(o) for o in driver.outputs}
+
+
+def test_D9_the_observed_run_produces_every_output_kind() -> None:
+    """The run the next test observes produces every kind of output (so each trigger
+    there fires), machine and model alike."""
     def run(core: AgentCore) -> list[Any]:
-        env = ScriptedEnvironment(replies=[calls_reply(("c1", "t")), text_reply("done"),
-                                           text_reply("again")])
-        driver = driven(core, env)
+        out, kinds = every_kind(core)
+        assert set(OUTPUT_KINDS) <= kinds, sorted(set(OUTPUT_KINDS) - kinds)
+        assert not [token for token in out if "refused" in token]
+        return out
+    both(run, PUBLISHING)
 
-        def observer(output: Output) -> None:
-            assert len(driver.outputs) < BOUND, "the run did not stop"
-            if matches(output, trigger):
-                issue(core, command)
-        driver.on(observer)
-        core.send(message("quiet", "q1"), {"target": "next-turn", "wakeup": False})
-        core.followup(message("go", "m1"))
-        core.steer(message("steer", "m2"))
-        driver.run()
-        assert core.is_quiescent or core.disposed
-        return tokens(driver.outputs)
-    both(run)
+
+@pytest.mark.parametrize("trigger", OUTPUT_KINDS)
+@pytest.mark.parametrize("command", COMMANDS)
+def test_D9_an_observer_that_cancels_disposes_or_appends_on_every_output_of_a_kind_stops(
+        trigger: str, command: str) -> None:
+    """D9, P7, R16.1, R17, R20.2: an observer that issues *command* on every output of kind
+    *trigger* (every live notification type, durable event type, effect kind and control
+    output; the command a cancel by the user, by the parent or with keepInbox, dispose, or
+    a direct append of a harmless extension event, which may be refused, after teardown
+    say) does not keep the run going: it ends, torn down, within `BOUND` outputs, machine
+    and model alike (the same outputs and the same refusals), with the invariants of R20.1
+    checked at every output by the driver.
+
+    The commands that add input (steer, followup, inject, send) are deliberately not
+    among them: issued on every notification of a kind they cause themselves (an enqueue,
+    a dequeue, the events of the turn they start), each adds work, so such an observer
+    legitimately never stops (specs/core.md, D9)."""
+    def run(core: AgentCore) -> list[Any]:
+        out, kinds = every_kind(core, trigger, command)
+        assert trigger in kinds, f"{trigger} was never output"
+        return out
+    both(run, PUBLISHING)
 
 
 @pytest.mark.parametrize("keep", [False, True])

@@ -248,9 +248,11 @@ def test_monitor_reports_a_discard_before_enqueue() -> None:
     (["--depth", "-1"], "argument --depth: '-1': must be 0 or more"),
     (["--depth", "2.5"], "argument --depth: '2.5' is not an integer"),
 ])
-def test_explore_refuses_numbers_out_of_range(argv: list[str], problem: str,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 14.10: `explore --seconds -5` and `--seconds nan` were accepted (exit 0)."""
+def test_PROTOCOL_5_1_explore_refuses_numbers_out_of_range(
+        argv: list[str], problem: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """PROTOCOL.md 5.1: a numeric option out of range or not finite is a usage error (exit
+    2) naming the option (a regression of issue 14.10: `explore --seconds -5` and
+    `--seconds nan` were accepted, exit 0)."""
     from machine.cli import main
     assert main(["explore", *argv, "--quiet"]) == 2
     assert problem in capsys.readouterr().err

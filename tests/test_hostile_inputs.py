@@ -1,8 +1,15 @@
 """The hostile-input property suite (issue 14, "Done when"; V1, V2, V6, V23, P3, P6, P10, P16).
 
 A Hypothesis state machine drives every public command (send and its presets, cancel,
-dispose, append) and every completion (resolve, raise, chunk, end) with malformed, deeply
-nested, aliased and later mutated values, against three agents:
+dispose, append), every completion (resolve, raise, chunk, end) and ``feed()`` with
+malformed, deeply nested, aliased and later mutated values, against three agents. Every
+argument gets hostile values: the message, send's options, the cancel's cause and
+keepInbox, append's type, data, ``surface_op`` and ``source_event_seqs``, the value of a
+completion, the `ErrorInfo` of a raise (built with odd fields, or not an `ErrorInfo` at
+all), effect ids, and `Input` objects whose fields are any of these. Between them, rules
+answer outstanding effects well (`settle` with the defaults of
+`machine.scripted.ScriptedEnvironment`), so that runs finish turns and the hostile inputs
+land in every phase of one. The agents:
 
 * **A**, an `AgentCore` that gets every input;
 * **B**, an `AgentCore` that gets only the inputs A accepted, each built afresh and never
@@ -33,23 +40,39 @@ import json
 import math
 import os
 from collections.abc import Callable
+from dataclasses import fields, is_dataclass
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from machine import strategies
+from machine._model import ModelAgent
 from machine.core import AgentCore, CoreConfig
 from machine.errors import InvariantError, TurnstileError, ValidationError
 from machine.invariants import InvariantMonitor
-from machine.io import Durable, Effect, Output
+from machine.io import (
+    Append,
+    Cancel,
+    Chunk,
+    Durable,
+    Effect,
+    End,
+    Observer,
+    Output,
+    Raise,
+    Resolve,
+    Send,
+)
 from machine.jsonvalue import FrozenList, freeze
 from machine.log import SessionLog
+from machine.scripted import ScriptedEnvironment
 from machine.vocabulary import ErrorInfo, LlmFailure
-from model import ModelAgent
 
 settings.register_profile(
-    "hostile-ci", max_examples=80, stateful_step_count=40, deadline=None,
+    "hostile-ci", max_examples=80, stateful_step_count=60, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                            HealthCheck.filter_too_much])
 settings.register_profile(
@@ -124,6 +147,13 @@ def odd_leaves() -> st.SearchStrategy[Spec]:
 
 
 @functools.cache
+def keys() -> st.SearchStrategy[Spec]:
+    """A mapping's key: mostly a string (one with a lone surrogate), sometimes not a string."""
+    return st.one_of(st.sampled_from(["k", "type", "text", "x\ud800", ""]).map(lambda k: ("key", k)),
+                     st.sampled_from([1, None, ("t",)]).map(lambda k: ("badkey", k)))
+
+
+@functools.cache
 def values(depth: int = 3) -> st.SearchStrategy[Spec]:
     """Any value: mostly JSON, often not (odd leaves, tuples, subclasses, frozen values,
     hand-built FrozenLists, cycles, aliases, deep nesting), nested up to about *depth*
@@ -133,17 +163,15 @@ def values(depth: int = 3) -> st.SearchStrategy[Spec]:
                                  st.booleans()).map(lambda t: ("deep", t[0], t[1])))
     if depth <= 0:
         return leaves
-    keys = st.one_of(st.sampled_from(["k", "type", "text", "x\ud800", ""]).map(lambda k: ("key", k)),
-                     st.sampled_from([1, None, ("t",)]).map(lambda k: ("badkey", k)))
 
     def extend(inner: st.SearchStrategy[Spec]) -> st.SearchStrategy[Spec]:
         return st.one_of(
             st.lists(inner, max_size=3).map(lambda items: ("list", items)),
-            st.lists(st.tuples(keys, inner), max_size=3).map(lambda pairs: ("dict", pairs)),
+            st.lists(st.tuples(keys(), inner), max_size=3).map(lambda pairs: ("dict", pairs)),
             st.lists(inner, max_size=2).map(lambda items: ("tuple", items)),
             inner.map(lambda item: ("frozen", item)),
             st.lists(inner, max_size=2).map(lambda items: ("rawfrozen", items)),
-            st.lists(st.tuples(keys, inner), max_size=2).map(lambda pairs: ("sneakydict", pairs)),
+            st.lists(st.tuples(keys(), inner), max_size=2).map(lambda pairs: ("sneakydict", pairs)),
             st.lists(inner, max_size=2).map(lambda items: ("sneakylist", items)),
             inner.map(lambda item: ("alias", item)))
 
@@ -200,15 +228,41 @@ def build(spec: Spec) -> Any:
         return loop
     if kind == "deep":
         depth, frozen = spec[1], spec[2]
-        value: Any = FrozenList([]) if frozen else []
+        if frozen:
+            return _deep_frozen(depth)
+        value: Any = []
         for _ in range(depth):
-            value = FrozenList([value]) if frozen else [value]
+            value = [value]
         return value
     if kind == "message":
         return _message(spec)
     if kind == "literal":
         return json.loads(spec[1])
+    if kind == "lib":                   # a library value (immutable): the same object for all
+        return spec[1]
+    if kind == "iter":                  # an iterator where a sequence is expected
+        return iter([build(item) for item in spec[1]])
+    if kind == "exception":
+        return RuntimeError(spec[1])
+    if kind == "errorinfo":             # an ErrorInfo of these fields, or them if it refuses
+        parts = {name: build(part) for name, part in spec[1].items()}
+        try:
+            return ErrorInfo(**parts)
+        except Exception:               # refused (or a hostile part raised): not an ErrorInfo
+            return parts
+    if kind == "input":
+        return INPUTS[spec[1]](**{name: build(part) for name, part in spec[2].items()})
     raise AssertionError(f"unknown spec {kind!r}")
+
+
+@functools.cache
+def _deep_frozen(depth: int) -> FrozenList:
+    """``FrozenList([])`` wrapped *depth* times. Built once: it is immutable, so every agent
+    may share it, and wrapping costs each time a walk down to V1's bound."""
+    value = FrozenList([])
+    for _ in range(depth):
+        value = FrozenList([value])
+    return value
 
 
 def _key(spec: Spec) -> Any:
@@ -264,10 +318,9 @@ def _hostile_messages() -> st.SearchStrategy[Spec]:
     return fields.map(lambda f: ("message", f))
 
 
-GOOD_ANSWERS: dict[str, Any] = {
-    "prompt-submit": {"kind": "allow"}, "request": {"config": {"provider": "p", "model": "m"}},
-    "tool-execute": {"content": [{"type": "text", "text": "done"}]},
-    "system-prompt": "be brief"}
+#: The environment whose default answers `settle` and `advance` give (allow, the seed config,
+#: an ok tool result, a finalize's own result, None otherwise), as the scripted driver does.
+DEFAULTS = ScriptedEnvironment(config={"provider": "p", "model": "m"})
 
 
 #: The number of the input being built: well-formed message ids get it as a suffix, so
@@ -349,6 +402,144 @@ ERRORS = [ErrorInfo("boom"), ErrorInfo("", "HookError", "E_CODE", ("cause",)),
           ErrorInfo("model down", "ModelError", failure=LlmFailure("down", "UNAVAILABLE", 503))]
 
 
+def _scalar(value: Any) -> Spec:
+    return ("scalar", value)
+
+
+def _literal(text: str) -> Spec:
+    return ("literal", text)
+
+
+def _lib(value: Any) -> Spec:
+    return ("lib", value)
+
+
+@functools.cache
+def error_infos() -> st.SearchStrategy[Spec]:
+    """The error of a raise: well formed (`ERRORS`, `machine.strategies.error_infos`), built
+    by `ErrorInfo` from odd fields (long, empty, subclassed or non-string text, odd causes,
+    a failure that is not an `LlmFailure`), or not an `ErrorInfo` at all (a dict of those
+    fields when the constructor refuses them, an exception, any value)."""
+    texts = st.one_of(st.sampled_from(["", "boom", "x" * 300, "é\U0001F600"]).map(_scalar),
+                      values(0))
+    names = st.one_of(st.sampled_from(["Error", "ModelError", "HookError"]).map(_scalar),
+                      values(0))
+    codes = st.one_of(st.just(_scalar(None)), st.sampled_from(["E_CODE", "", "UNAVAILABLE"])
+                      .map(_scalar), values(0))
+    causes = st.one_of(st.lists(texts, max_size=3).map(lambda c: ("tuple", c)),
+                       st.lists(texts, max_size=2).map(lambda c: ("list", c)), values(1))
+    failures = st.one_of(st.just(_scalar(None)), strategies.llm_failures().map(_lib),
+                         values(1))
+    built = st.fixed_dictionaries({"message": texts, "name": names, "code": codes,
+                                   "causes": causes, "failure": failures}).map(
+        lambda parts: ("errorinfo", parts))
+    return st.one_of(st.sampled_from(ERRORS).map(_lib), strategies.error_infos().map(_lib),
+                     built, built, st.just(("exception", "not an ErrorInfo")), values(1))
+
+
+CAUSE_LITERALS = ['{"kind": "user"}', '{"kind": "parent"}', '{"kind": "disposed"}',
+                  '{"kind": "user", "x": 1}', '"user"']
+
+
+@functools.cache
+def causes() -> st.SearchStrategy[Spec]:
+    """A cancel's cause: well formed (JSON, or `CancelCause` values from
+    `machine.strategies.cancel_causes`), a mapping whose kind or extra field is hostile (a
+    `SneakyDict` too), or any value."""
+    kinds = st.one_of(st.sampled_from(["user", "parent", "disposed", "x-ext", ""]).map(_scalar),
+                      values(0))
+    extra = st.lists(st.tuples(keys(), values(1)), max_size=1)
+    return st.one_of(
+        st.sampled_from(CAUSE_LITERALS).map(_literal), st.sampled_from(CAUSE_LITERALS[:2])
+        .map(_literal), strategies.cancel_causes().map(_lib),
+        st.tuples(kinds, extra).map(lambda t: ("dict", [(("key", "kind"), t[0]), *t[1]])),
+        kinds.map(lambda kind: ("sneakydict", [(("key", "kind"), kind)])),
+        values(2))
+
+
+KEEPS = st.one_of(st.booleans().map(_scalar), st.booleans().map(_scalar),
+                  st.sampled_from([1, 0, None, "true", 1.0]).map(_scalar), values(0))
+TARGETS = ["next-turn", "next-step", "later"]
+
+
+@functools.cache
+def send_options() -> st.SearchStrategy[Spec]:
+    """send's options: well formed (JSON, or `SendOptions` values from
+    `machine.strategies.send_options`), with a hostile target or wakeup, a field missing or
+    one too many, a `SneakyDict`, or any value."""
+    targets = st.one_of(st.sampled_from(TARGETS).map(_scalar),
+                        st.sampled_from(["now", "", "Next-Turn"]).map(_scalar), values(0))
+    wakeups = st.one_of(st.booleans().map(_scalar),
+                        st.sampled_from([1, 0, None, "true"]).map(_scalar), values(0))
+    good = st.tuples(st.sampled_from(TARGETS), st.booleans()).map(lambda t: ("dict", [
+        (("key", "target"), _scalar(t[0])), (("key", "wakeup"), _scalar(t[1]))]))
+    return st.one_of(
+        good, good, good, strategies.send_options().map(_lib),
+        st.tuples(targets, wakeups, st.lists(st.tuples(keys(), values(1)), max_size=1)).map(
+            lambda t: ("dict", [(("key", "target"), t[0]), (("key", "wakeup"), t[1]), *t[2]])),
+        st.tuples(targets, wakeups).map(lambda t: ("sneakydict", [
+            (("key", "target"), t[0]), (("key", "wakeup"), t[1])])),
+        targets.map(lambda target: ("dict", [(("key", "target"), target)])),
+        values(2))
+
+
+@functools.cache
+def surface_ops() -> st.SearchStrategy[Spec]:
+    """append's ``surface_op``: absent, ``"append"``, a replace range (good, reversed,
+    negative, out of range, with an extra field, with hostile bounds), or any value."""
+    ranges = st.sampled_from([
+        '{"op": "replace", "start": 0, "end": 0}', '{"op": "replace", "start": 0, "end": 1}',
+        '{"op": "replace", "start": 1, "end": 3}', '{"op": "replace", "start": 2, "end": 1}',
+        '{"op": "replace", "start": -1, "end": 0}', '{"op": "replace", "start": 0, "end": 99}',
+        '{"op": "replace", "start": 0, "end": 1, "x": 1}', '{"op": "insert"}', '"replace"'])
+    return st.one_of(
+        st.just(_scalar(None)), st.just(_scalar("append")), ranges.map(_literal),
+        st.tuples(values(0), values(0)).map(lambda t: ("dict", [
+            (("key", "op"), _scalar("replace")), (("key", "start"), t[0]), (("key", "end"), t[1])])),
+        values(1))
+
+
+@functools.cache
+def source_event_seqs() -> st.SearchStrategy[Spec]:
+    """append's ``source_event_seqs``: absent, a list or tuple of seqs (earlier, later,
+    negative, huge, repeated), an iterator, a list of odd leaves, or any value."""
+    seqs = st.lists(st.sampled_from([0, 1, 2, 3, 5, 40, -1, 2**70]).map(_scalar), max_size=3)
+    return st.one_of(
+        st.just(_scalar(None)), seqs.map(lambda s: ("list", s)), seqs.map(lambda s: ("tuple", s)),
+        seqs.map(lambda s: ("iter", s)),
+        st.lists(st.one_of(odd_leaves(), values(0)), min_size=1, max_size=2).map(
+            lambda s: ("list", s)),
+        values(1))
+
+
+#: The input classes `feed` takes (`Dispose` aside: the `dispose` rule gives it late).
+INPUTS: dict[str, Any] = {"send": Send, "cancel": Cancel, "append": Append, "observer": Observer,
+                          "resolve": Resolve, "raise": Raise, "chunk": Chunk, "end": End}
+
+
+@functools.cache
+def input_fields(kind: str) -> st.SearchStrategy[dict[str, Spec]]:
+    """The fields of an `Input` of *kind* (a completion's effect id aside), hostile as the
+    arguments of the matching command or completion are."""
+    return {
+        "send": st.fixed_dictionaries({"message": messages(), "options": send_options()},
+                                      optional={"preset": st.sampled_from(
+                                          ["followup", "steer", None, "x"]).map(_scalar)}),
+        "cancel": st.fixed_dictionaries({"cause": causes(), "keep_inbox": KEEPS}),
+        "append": st.fixed_dictionaries({
+            "type": st.one_of(st.sampled_from(["user/message", "x-ext/mark", "turn/end"])
+                              .map(_scalar), values(0)),
+            "data": st.one_of(messages(), values(2)), "surface_op": surface_ops(),
+            "source_event_seqs": source_event_seqs()}),
+        "observer": st.fixed_dictionaries({"action": st.one_of(
+            st.sampled_from(["throw", "veto", "raise"]).map(_scalar), values(1))}),
+        "resolve": st.fixed_dictionaries({"value": st.one_of(
+            decisions(), tool_results(), headers(), values(2))}),
+        "raise": st.fixed_dictionaries({"error": error_infos()}),
+        "chunk": st.fixed_dictionaries({"chunk": chunks()}),
+        "end": st.just({})}[kind]
+
+
 def mutate(value: Any, seed: int) -> None:
     """Change *value* in place (its first mutable containers), as a caller might after
     handing it over."""
@@ -376,6 +567,8 @@ def mutate(value: Any, seed: int) -> None:
             changed += 1
         elif isinstance(item, tuple):
             pending.extend(tuple.__iter__(item))
+        elif is_dataclass(item) and not isinstance(item, type):      # an Input, an ErrorInfo
+            pending.extend(getattr(item, field.name) for field in fields(item))
 
 
 # --------------------------------------------------------------------------
@@ -414,9 +607,15 @@ class HostileInputs(RuleBasedStateMachine):
         self.monitor: InvariantMonitor
         self.given: list[tuple[Any, Any]] = []   # (A's object, M's object) given so far
         self.steps: list[str] = []
+        self.rule_runs = 0                          # rules run (the invariant counts them)
 
-    @initialize(parallel=st.sampled_from([1, 2]))
-    def setup(self, parallel: int) -> None:
+    @initialize(parallel=st.sampled_from([1, 2]),
+                opening=st.sampled_from(["mid-turn", "a turn", "mid-turn", "a turn", "idle"]),
+                rounds=st.integers(1, 14), calls=st.booleans())
+    def setup(self, parallel: int, opening: str, rounds: int, calls: bool) -> None:
+        """Three fresh agents; then, unless *opening* is idle, a well-formed prompt answered
+        well to its end ("a turn") or for *rounds* effects ("mid-turn"), so that the rules
+        start from a finished turn or inside a running one."""
         config = CoreConfig(request_options={"provider": "p", "model": "m"},
                             tool_modes=TOOL_MODES, max_parallel_tool_calls=parallel)
         self.a = AgentCore(config, log=SessionLog(clock=counting_clock()))
@@ -424,6 +623,9 @@ class HostileInputs(RuleBasedStateMachine):
         self.m = ModelAgent(config, log=SessionLog(clock=counting_clock()))
         self.monitor = InvariantMonitor(self.a, self.a)
         self.pull(1000)
+        self.opening = opening
+        if opening != "idle":
+            self.converse(rounds, calls, to_the_end=opening == "a turn")
 
     # -- applying one input to the three agents ------------------------------------
 
@@ -479,17 +681,13 @@ class HostileInputs(RuleBasedStateMachine):
     def route(self, command: str, message: Spec) -> None:
         self.apply(command, lambda agent, make: getattr(agent, command)(make()), message)
 
-    @rule(message=messages(), where=st.sampled_from(["next-turn", "next-step", "later"]),
-          wakeup=st.sampled_from([True, False, 1, None]))
-    def send(self, message: Spec, where: str, wakeup: Any) -> None:
-        options = {"target": where, "wakeup": wakeup}
-        self.apply("send", lambda agent, make: agent.send(make(), dict(options)), message)
+    @rule(message=messages(), options=send_options())
+    def send(self, message: Spec, options: Spec) -> None:
+        self.apply("send", lambda agent, make: agent.send(*make()), ("tuple", [message, options]))
 
-    @rule(cause=st.sampled_from(['{"kind": "user"}', '{"kind": "parent"}',
-                                 '{"kind": "disposed"}', '{"kind": "user", "x": 1}', '"user"']),
-          keep=st.sampled_from([False, True, 1]))
-    def cancel(self, cause: str, keep: Any) -> None:
-        self.apply("cancel", lambda agent, make: agent.cancel(make(), keep), ("literal", cause))
+    @rule(cause=causes(), keep=KEEPS)
+    def cancel(self, cause: Spec, keep: Spec) -> None:
+        self.apply("cancel", lambda agent, make: agent.cancel(*make()), ("tuple", [cause, keep]))
 
     @rule(kind=st.sampled_from(["user/message", "x-ext/mark", "turn/start", "step/end",
                                 "tool/result", "todo/write", "x\ud800"]), data=values(2),
@@ -504,6 +702,16 @@ class HostileInputs(RuleBasedStateMachine):
                 "turn": turn, "trigger": {"kind": "retry"}, "x": make()}), data)
         else:
             self.apply("append", lambda agent, make: agent.append(kind, {"v": make()}), data)
+
+    @rule(kind=st.sampled_from(["user/message", "steering/message", "assistant/message",
+                                "tool/result", "x-ext/mark", "todo/write"]),
+          message=messages(), op=surface_ops(), seqs=source_event_seqs())
+    def append_envelope(self, kind: str, message: Spec, op: Spec, seqs: Spec) -> None:
+        """A direct append whose ``surface_op`` and ``source_event_seqs`` are hostile (L3)."""
+        data = message if kind.endswith("/message") else ("dict", [(("key", "v"), message)])
+        self.apply("append", lambda agent, make: (lambda value, surface, sources: agent.append(
+            kind, value, surface_op=surface, source_event_seqs=sources))(*make()),
+            ("tuple", [data, op, seqs]))
 
     @rule(seed=st.integers(0, 100))
     def mutate_given(self, seed: int) -> None:
@@ -543,12 +751,31 @@ class HostileInputs(RuleBasedStateMachine):
         self.apply(f"resolve {effect.kind}",
                    lambda agent, make: agent.resolve(effect.id, make()), value)
 
-    @rule(index=st.integers(0, 9), error=st.sampled_from(ERRORS))
-    def fail(self, index: int, error: ErrorInfo) -> None:
+    @rule(index=st.integers(0, 9), error=error_infos())
+    def fail(self, index: int, error: Spec) -> None:
         effect = self._effect(index)
         if effect is not None:
-            self.apply(f"raise {effect.kind}", lambda agent, _make: agent.fail(effect.id, error),
-                       None)
+            self.apply(f"raise {effect.kind}", lambda agent, make: agent.fail(effect.id, make()),
+                       error)
+
+    @rule(kind=st.sampled_from(sorted(INPUTS)), index=st.integers(0, 9),
+          hostile_id=st.sampled_from([None, -1, 10**6, True, 1.0, "1", "sub"]), data=st.data())
+    def feed(self, kind: str, index: int, hostile_id: Any, data: st.DataObject) -> None:
+        """``feed()`` with an `Input` object whose fields are hostile: each command's
+        arguments as above, a completion's value, an effect id that is real, a subclass of
+        a real one, or not an id at all."""
+        effect = self._effect(index)
+        if hostile_id is None and effect is not None:
+            number: Spec = _scalar(effect.id)
+        elif hostile_id == "sub":
+            number = ("intsub", effect.id if effect is not None else 0)
+        else:
+            number = _scalar(hostile_id)
+        parts = data.draw(input_fields(kind))
+        if kind in ("resolve", "raise", "chunk", "end"):
+            parts = {"effect": number, **parts}
+        spec = ("input", kind, parts)
+        self.apply(f"feed {kind}", lambda agent, make: agent.feed(make()), spec)
 
     @rule(index=st.integers(0, 9), chunk=chunks(), end=st.booleans())
     def stream(self, index: int, chunk: Spec, end: bool) -> None:
@@ -579,14 +806,31 @@ class HostileInputs(RuleBasedStateMachine):
     @rule(rounds=st.integers(1, 12), calls=st.booleans())
     def advance(self, rounds: int, calls: bool) -> None:
         """Answer the oldest outstanding effects well, so that turns get far: a model call
-        gets a reply (with two tool calls when *calls*), a finalize gives back its result."""
+        gets a reply (with two tool calls when *calls*), anything else the environment's
+        default (`DEFAULTS`). An effect still outstanding after its answer (a hostile input
+        left it so) is raised; after that it ends the rounds."""
+        tried: dict[int, int] = {}
         for _ in range(rounds):
             self.pull(10_000)
             effect = self._effect(0)
             if effect is None:
                 return
-            self.answer_well(effect, calls)
+            tries = tried[effect.id] = tried.get(effect.id, 0) + 1
+            if tries == 1:
+                self.answer_well(effect, calls)
+            elif tries == 2:
+                self.apply(f"raise {effect.kind}",
+                           lambda agent, _make, n=effect.id: agent.fail(n, ERRORS[0]), None)
+            else:
+                return
             calls = calls and effect.kind != "model"
+
+    @rule(calls=st.booleans())
+    def settle(self, calls: bool) -> None:
+        """Answer every outstanding effect well until the core waits for nothing: the turn
+        in progress ends, and so do the turns queued behind it (a bound stops a run that
+        keeps making work)."""
+        self.advance(300, calls)
 
     def answer_well(self, effect: Effect, calls: bool) -> None:
         number = effect.id
@@ -600,22 +844,21 @@ class HostileInputs(RuleBasedStateMachine):
                            None)
             self.apply("end", lambda agent, _make: agent.end(number), None)
             return
-        if effect.kind == "tool-finalize":
-            answer: Any = effect.payload["result"]
-        else:
-            answer = json.loads(json.dumps(GOOD_ANSWERS.get(effect.kind)))
+        verb, answer = DEFAULTS.default(effect)     # type: ignore[misc]
+        assert verb == "resolve"
         self.apply(f"resolve {effect.kind}",
                    lambda agent, _make: agent.resolve(number, answer), None)
 
-    @rule(rounds=st.integers(4, 30), calls=st.booleans())
-    def converse(self, rounds: int, calls: bool) -> None:
-        """A well-formed prompt, then good answers: the runs reach steps, tool batches and
-        drains, where the hostile inputs then land."""
+    @rule(rounds=st.integers(4, 30), calls=st.booleans(), to_the_end=st.booleans())
+    def converse(self, rounds: int, calls: bool, to_the_end: bool) -> None:
+        """A well-formed prompt, then good answers (*to_the_end*: until the core waits for
+        nothing, as `settle`): the runs reach steps, tool batches and drains, where the
+        hostile inputs then land, and finish turns."""
         self.apply("followup", lambda agent, make: agent.followup(make()), (
             "literal", json.dumps({"id": f"p{len(self.steps)}", "role": "user",
                                    "content": [{"type": "text", "text": "go"}],
                                    "source": {"kind": "user"}})))
-        self.advance(rounds, calls)
+        self.advance(300 if to_the_end else rounds, calls)
 
     @rule(rounds=st.integers(1, 12), calls=st.booleans())
     def advance_again(self, rounds: int, calls: bool) -> None:
@@ -629,21 +872,23 @@ class HostileInputs(RuleBasedStateMachine):
 
     @invariant()
     def not_stopped(self) -> None:
+        self.rule_runs += 1
         if hasattr(self, "a"):
             self.check_never_stopped()
 
     def teardown(self) -> None:
         if not hasattr(self, "a"):
             return
+        self.pull(10_000)
         stats = os.environ.get("TURNSTILE_HOSTILE_STATS")
         if stats:   # how far the runs got, for tuning the strategies
             types = [e.type for e in self.a.log.events]
             with open(stats, "a", encoding="utf-8") as file:
-                file.write(json.dumps({"steps": len(self.steps), "events": len(types),
+                file.write(json.dumps({"opening": self.opening, "rules": self.rule_runs,
+                                       "steps": len(self.steps), "events": len(types),
                                        "turns": types.count("turn/end"),
                                        "tools": types.count("tool/result"),
                                        "chunks": types.count("assistant/chunk")}) + "\n")
-        self.pull(10_000)
         for agent in (self.a, self.b, self.m):
             agent.dispose()
         self.pull(10_000)
@@ -663,3 +908,80 @@ class HostileInputs(RuleBasedStateMachine):
 
 HostileInputs.TestCase.settings = settings.get_profile(PROFILE)
 TestHostileInputs = HostileInputs.TestCase
+
+
+# --------------------------------------------------------------------------
+# Holes the suite found and leaves out of its rules (known failures, strict: when one is
+# fixed its test passes, fails as XPASS, and its mark goes; then the rules take it in)
+# --------------------------------------------------------------------------
+
+
+def hand_built_error(**parts: Any) -> ErrorInfo:
+    """An `ErrorInfo` made without its constructor, so its checks (V15, V23) never ran, as
+    ``tuple.__new__`` makes a `FrozenList` (issue 14.1)."""
+    error = object.__new__(ErrorInfo)
+    for name, value in {"message": "m", "name": "E", "code": None, "causes": (),
+                        "failure": None, **parts}.items():
+        object.__setattr__(error, name, value)
+    return error
+
+
+def waiting_on(agent: Any, kind: str) -> int:
+    """Run a well-formed prompt, answering by default, until *agent* waits on *kind*."""
+    agent.followup({"id": "m1", "role": "user", "content": [], "source": {"kind": "user"}})
+    effects: dict[int, Effect] = {}
+    for _ in range(100):
+        while (output := agent.next_output()) is not None:
+            if isinstance(output, Effect):
+                effects[output.id] = output
+        (number,) = agent.outstanding_effects
+        if effects[number].kind == kind:
+            return number
+        agent.resolve(number, DEFAULTS.default(effects[number])[1])   # type: ignore[index]
+    raise AssertionError(f"no {kind} effect")
+
+
+STOPS = pytest.mark.xfail(strict=True, raises=AssertionError,
+                          reason="a known hole: the core stops (see the docstring)")
+UNTYPED = pytest.mark.xfail(strict=True, raises=AttributeError,
+                            reason="a known hole: an untyped error escapes (see the docstring)")
+
+
+@pytest.mark.parametrize(("agent_type", "kind"), [
+    pytest.param(AgentCore, "prompt-submit", marks=STOPS),
+    pytest.param(ModelAgent, "prompt-submit", marks=STOPS),
+    pytest.param(AgentCore, "model"),
+    pytest.param(ModelAgent, "model", marks=STOPS)])
+def test_P10_P16_a_hand_built_ErrorInfo_never_stops_the_core(agent_type: type, kind: str) -> None:
+    """P10, P16, V15: ``fail()`` checks only that its error is an `ErrorInfo`, so one built
+    without its constructor (a NaN message) is accepted and fails later, inside the loop:
+    at admission the core stops with an internal TypeError (machine and model); at a model
+    call the machine fails the turn (P16 case 1) while the model stops. The property suite
+    would have the raise refused, typed, or taken without the core stopping, and machine
+    and model alike; its `fail` rule therefore gives only constructed errors."""
+    agent = agent_type(CoreConfig(request_options={"provider": "p", "model": "m"}))
+    number = waiting_on(agent, kind)
+    try:
+        agent.fail(number, hand_built_error(message=math.nan))
+    except TurnstileError:
+        return                                  # refused where it enters: fine
+    while agent.next_output() is not None:
+        pass
+    assert agent.failure is None, f"the core stopped: {agent.failure}"
+
+
+@pytest.mark.parametrize("agent_type", [
+    AgentCore, pytest.param(ModelAgent, marks=UNTYPED)])
+@pytest.mark.parametrize("item", [None, "dispose", {"in": "dispose"}, ErrorInfo("x")],
+                         ids=["None", "str", "dict", "ErrorInfo"])
+def test_P10_P16_feeding_what_is_not_an_input_is_a_typed_refusal(agent_type: type,
+                                                                  item: Any) -> None:
+    """P10, P16: ``feed()`` of a value that is not an `Input` raises `ProtocolError` and
+    changes nothing (the machine); the model raises an untyped AttributeError (it takes
+    anything unknown for an `End`). The property suite's `feed` rule gives only `Input`
+    objects (with hostile fields) for that reason."""
+    agent = agent_type(CoreConfig())
+    before = agent.drain_outputs()
+    with pytest.raises(TurnstileError):
+        agent.feed(item)
+    assert before and agent.drain_outputs() == [] and len(agent.log) == 0
