@@ -15,6 +15,8 @@ checks.
   in exactly one of: a ``user/message`` append, an ``agent/context/discard``
   entry, or still staged.
 * R20.1e window: ``accepts_next_step`` is false whenever the status is idle.
+* R4.11 couplings: for an agent that states them (``coupling_problems()``, as
+  `machine.core.AgentCore` does), none is broken.
 * Accepted messages are never silently gone: at every moment each enqueued or
   staged message is logged, reported discarded, or pending.
 * The ledger starts at the command (R20.1b, R20.1c, R5, R0.6): a monitor that sees
@@ -232,6 +234,11 @@ class InvariantMonitor:
     def poll(self, *, quiet: bool = False) -> None:
         if not window_ok(self.agent.status, self.agent.accepts_next_step):
             raise AgentInvariantError("R20.1e", "accepts_next_step is true while idle")
+        couplings = getattr(self.agent, "coupling_problems", None)
+        if couplings is not None:               # R4.11: an implementation that states them
+            problems = couplings()
+            if problems:
+                raise AgentInvariantError("R4.11", "; ".join(problems))
         staged = self.boxes.staged()
         current: dict[str, int] = {}
         for message_id, steering in staged:

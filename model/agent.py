@@ -4,7 +4,7 @@ This is the *reference model* of the agent core. It is written from
 ``shared/reference/semantics.md`` (rules §0–§21, D1–D8; cited as "§x.y"),
 ``specs/differences.md`` (the decisions about the original: where this project
 follows it, and D9–D12) and ``specs/protocol.md`` (rules P1–P14), never from
-``machine/core.py``. Speed does not matter here; obviousness does.
+``machine/core/``. Speed does not matter here; obviousness does.
 
 Shape of the model
 ------------------

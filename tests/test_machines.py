@@ -29,7 +29,8 @@ from machine.machines.table import Row, Table, TransitionError, compile_table, d
 from machine.vocabulary import Message, user_message
 
 MODULES: dict[str, ModuleType] = {m.NAME: m for m in (inbox, outbox, window, lifecycle)}
-CORE_SOURCE = (Path(__file__).resolve().parent.parent / "machine" / "core.py").read_text(encoding="utf-8")
+CORE_SOURCE = "\n".join(path.read_text(encoding="utf-8") for path in sorted(
+    (Path(__file__).resolve().parent.parent / "machine" / "core").glob("*.py")))
 FAST = settings(max_examples=150, deadline=None)
 
 

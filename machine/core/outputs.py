@@ -1,0 +1,240 @@
+"""Outputs, effects and completions (rules P1-P10, C10): the output queue and how a pull
+advances the loop, the mailbox of buffered completions (P6), effect records and release
+(P5), commits of the loop's own events."""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Generator, Mapping, Sequence
+from typing import Literal
+
+from machine import events as ev
+from machine.core.records import (
+    APPEND,
+    _Aborted,
+    _AbortNotice,
+    _CancelRequested,
+    _Controller,
+    _DiscardSlot,
+    _EffectRecord,
+    _Mail,
+    _Queued,
+    _Wait,
+)
+from machine.core.state import CoreState
+from machine.errors import (
+    EXITS,
+    ProtocolError,
+)
+from machine.events import LiveEvent
+from machine.io import (
+    MODEL,
+    Control,
+    Durable,
+    Effect,
+    Live,
+    Output,
+)
+from machine.jsonvalue import (
+    Frozen,
+    FrozenDict,
+    JsonLike,
+    shown,
+    snapshot,
+)
+from machine.vocabulary import (
+    ErrorInfo,
+    Message,
+)
+
+
+class Outputs(CoreState):
+    """Pulling outputs and taking completions; the loop's output primitives."""
+
+    # The two entry points of the layers above that a pull needs (machine.core.admission,
+    # machine.core.commands); declared here so that this layer reads alone.
+    def _advance_idle(self) -> bool:
+        raise NotImplementedError
+
+    def _stop(self, error: BaseException) -> None:
+        raise NotImplementedError
+
+    def resolve(self, effect: int, value: JsonLike = None) -> None:
+        self._complete(effect, "resolve", value)
+
+    def fail(self, effect: int, error: ErrorInfo) -> None:
+        if not isinstance(error, ErrorInfo):
+            raise ProtocolError(f"effect {effect}: a raise needs an ErrorInfo, not {type(error).__name__}")
+        self._complete(effect, "raise", error)
+
+    def chunk(self, effect: int, chunk: JsonLike) -> None:
+        self._complete(effect, "chunk", chunk)
+
+    def end(self, effect: int) -> None:
+        self._complete(effect, "end", None)
+
+    def _complete(self, effect: int, kind: str, value: JsonLike) -> None:
+        if type(effect) is not int:
+            raise ProtocolError(f"effect id must be an integer, not {shown(effect)}")
+        record = self._effects.get(effect)
+        if record is None:
+            if effect in self._abandoned:                       # P16: accepted, dropped
+                if kind != "chunk":
+                    self._abandoned.discard(effect)
+                    self._done_effects.add(effect)
+                return
+            if effect in self._done_effects:
+                raise ProtocolError(f"effect {effect} was already completed")
+            raise ProtocolError(f"effect {effect} was never requested")
+        if record.released:
+            raise ProtocolError(f"effect {effect} ({record.kind}) was released: the core "
+                                "stopped consuming it")
+        if kind in ("chunk", "end") and record.kind != MODEL:
+            raise ProtocolError(f"effect {effect} is a {record.kind!r} effect; only a model "
+                                f"effect takes {kind!r}")
+        if kind == "resolve" and record.kind == MODEL:
+            raise ProtocolError(f"effect {effect} is a model stream: complete it with chunk, "
+                                "end or raise")
+        if kind != "raise" and value is not None:
+            value = snapshot(value)     # V6, P6: the value as it is at the call
+        if kind != "chunk":
+            del self._effects[effect]
+            self._done_effects.add(effect)
+        self._mail.append((effect, kind, value))
+
+    def next_output(self) -> Output | None:
+        """The next output, or None when the core waits for an input."""
+        out = self._out
+        while True:
+            if out:
+                self._retro = None      # the previous output's delivery has ended (P7)
+                item = out.popleft()
+                if isinstance(item, _DiscardSlot):
+                    live = item.materialise()
+                    if live is None:
+                        continue
+                    return live
+                if isinstance(item, _CancelRequested):
+                    self._retro = item.retro            # P7: its delivery opens the window
+                    item.retro.fresh = 0
+                    return item.output
+                if isinstance(item, _AbortNotice):
+                    return item.materialise()
+                return item
+            # Advance the loop by one step. Why inline (this runs once per output): one call
+            # fewer, and an output yielded with nothing queued before it is handed out at
+            # once rather than queued and taken back (the same output, in the same order).
+            proc = self._proc
+            if proc is None:
+                try:
+                    if not self._advance_idle():
+                        return None
+                except BaseException as error:  # P16: never escapes, never half-advanced
+                    self._stop(error)
+                    if isinstance(error, EXITS):
+                        raise           # P16: the core has stopped; the exit goes on
+                continue
+            sent: _Mail | None = None
+            if self._wait is not None:
+                sent = self._take_mail(self._wait)
+                if sent is None:
+                    return None         # P7: nothing pulled, the position stays
+                self._wait = None
+            self._retro = None          # the loop moves on: the position is over (P7)
+            try:
+                yielded = proc.send(sent)
+            except StopIteration:
+                self._proc = None
+                continue
+            except BaseException as error:      # P16: the loop cannot go on
+                self._stop(error)
+                if isinstance(error, EXITS):
+                    raise               # P16: the core has stopped; the exit goes on
+                continue
+            if isinstance(yielded, _Wait):
+                self._wait = yielded.ids
+            elif out:
+                out.append(yielded)
+            else:
+                return yielded
+
+    def drain_outputs(self) -> list[Output]:
+        """Pull every output available now (no observers act in between)."""
+        outputs: list[Output] = []
+        while (output := self.next_output()) is not None:
+            outputs.append(output)
+        return outputs
+
+    def _emit(self, item: _Queued) -> None:
+        retro = self._retro
+        if retro is not None:
+            # P7: before what the cancel being delivered still has pending (reports, abort)
+            for index, queued in enumerate(self._out):
+                if queued is retro.inbox_slot or queued is retro.abort:
+                    self._out.insert(index, item)
+                    return
+        self._out.append(item)
+
+    def _emit_live(self, type_: str, **payload: Frozen) -> None:
+        self._emit(Live(LiveEvent(type_, FrozenDict(payload))))
+
+    def _take_mail(self, ids: frozenset[int]) -> _Mail | None:
+        if self._mail and self._mail[0][0] in ids:  # Why: usually the oldest mail is the one
+            return self._mail.popleft()
+        for index, mail in enumerate(self._mail):
+            if mail[0] in ids:
+                del self._mail[index]
+                return mail
+        return None
+
+    def _new_effect(self, kind: str, payload: FrozenDict,
+                    history: Sequence[Message] | None = None) -> Effect:
+        effect_id = self._next_effect
+        self._next_effect += 1
+        self._effects[effect_id] = _EffectRecord(kind, payload)
+        return Effect(effect_id, kind, payload, history)
+
+    def _release(self, effect_id: int) -> Control | None:
+        """P5: stop consuming a model stream; drop what is buffered for it. Returns the
+        ``release`` notice, or None when the stream had already ended (nothing to stop)."""
+        self._mail = deque(m for m in self._mail if m[0] != effect_id)
+        record = self._effects.pop(effect_id, None)
+        if record is None:
+            return None
+        record.released = True
+        self._done_effects.add(effect_id)
+        return Control("release", FrozenDict({"effect": effect_id}))
+
+    def _commit(self, type_: str, data: Mapping[str, Frozen] | Message, *,
+                surface: bool = False, sources: Sequence[int] | None = None) -> Durable:
+        if isinstance(data, dict):
+            # Why adopt, not FrozenDict(data): the loop builds *data* here from frozen values
+            # (its type says so, and mypy --strict checks every call), so the copy and the
+            # per-value check of the constructor would find nothing; the log's checks (L2)
+            # still judge the event.
+            data = FrozenDict._adopt(data)
+        return Durable(self.log.commit(type_, data, surface_op=APPEND if surface else None,
+                                       source_event_seqs=sources))
+
+    def _await(self, effect_id: int) -> Generator[Output | _Wait, _Mail | None, _Mail]:
+        mail = yield _Wait(frozenset((effect_id,)))
+        assert mail is not None
+        return mail
+
+    def _check_signal(self) -> None:
+        ctrl = self._ctrl
+        if ctrl is not None and ctrl.aborted:
+            raise _Aborted()
+
+    def _new_controller(self, kind: Literal["admission", "run"]) -> _Controller:
+        self._next_signal += 1
+        ctrl = _Controller(self._next_signal, kind)
+        self._ctrl = ctrl
+        self._owner = ctrl
+        return ctrl
+
+    def _warn(self, text: str) -> Live:
+        return Live(LiveEvent(ev.WARNING, FrozenDict({"text": text})))
+
+    def _signal(self) -> int:
+        assert self._ctrl is not None
+        return self._ctrl.signal

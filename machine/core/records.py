@@ -1,0 +1,203 @@
+"""The records the loop keeps and the constants it writes: controllers, waits, the
+cancel scope and its pending reports (P7), effects, failures (R15), step outcomes."""
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeAlias
+
+from machine import events as ev
+from machine.events import LiveEvent
+from machine.io import (
+    Control,
+    Live,
+    Output,
+)
+from machine.jsonvalue import (
+    FrozenDict,
+    FrozenList,
+    freeze,
+)
+from machine.vocabulary import (
+    CancelCause,
+    ErrorInfo,
+    LlmFailure,
+    Message,
+    ToolResult,
+    message_mapping,
+)
+
+COMPLETED: Final = FrozenDict({"kind": "completed"})
+
+
+ABORTED: Final = FrozenDict({"kind": "aborted"})
+
+
+DISPOSED: Final = FrozenDict({"kind": "disposed"})
+
+
+MAX_TOKENS: Final = FrozenDict({"kind": "max-tokens"})
+
+
+RETRY_TRIGGER: Final = FrozenDict({"kind": "retry"})
+
+
+APPEND: Final = "append"
+
+
+#: R20.4: the event types the loop writes to structure its turns; while the core is busy a
+#: direct append of one of them is refused.
+LOOP_TYPES: Final = frozenset({ev.TURN_START, ev.TURN_END, ev.STEP_START, ev.STEP_END,
+                               ev.ASSISTANT_CHUNK, ev.ASSISTANT_MESSAGE, ev.TOOL_CALL,
+                               ev.TOOL_RESULT})
+
+
+ABD_ERROR: Final = FrozenDict({"name": "AbortError", "code": "ABORTED_BEFORE_DISPATCH"})
+
+
+ABD_TEXT: Final = "Error: tool call aborted before dispatch"
+
+
+ABORTED_ERROR: Final = FrozenDict({"name": "AbortError", "code": "ABORTED"})
+
+
+ABORTED_TEXT: Final = "Error: tool call aborted"
+
+
+DEFAULT_ABORT_FAILURE: Final = LlmFailure("model request aborted", "ABORTED")
+
+
+#: R9.6: the text of the uncoded error for a request config without provider or model.
+NO_ROUTE_MESSAGE: Final = ("the request config has no provider/model: set them in "
+                           "CoreConfig.request_options or return both from the request effect")
+
+
+@dataclass(slots=True)
+class _Controller:
+    """An abort controller: one per admission, one per run (R4.4)."""
+
+    signal: int
+    kind: Literal["admission", "run"]
+    reason: CancelCause | None = None
+
+    @property
+    def aborted(self) -> bool:
+        return self.reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class _Wait:
+    """Yielded by the loop: suspend until a completion of one of *ids* is available."""
+
+    ids: frozenset[int]
+
+
+@dataclass(slots=True)
+class _DiscardSlot:
+    """A discard report whose message lists may still grow (rule P7); materialised when pulled.
+
+    The inbox report lists queued items, then steering items (R16.2), so input that
+    observers of ``agent/cancel-requested`` queue lands before the steering it clears.
+    """
+
+    type: str
+    queued: list[Message] = field(default_factory=list)
+    steering: list[Message] = field(default_factory=list)
+
+    @property
+    def messages(self) -> list[Message]:
+        return [*self.queued, *self.steering]
+
+    def materialise(self) -> Live | None:
+        if not self.queued and not self.steering:
+            return None
+        return Live(LiveEvent(self.type, FrozenDict({"messages": FrozenList(
+            frozen_message(m) for m in self.messages)})))
+
+
+@dataclass(slots=True)
+class _AbortNotice:
+    """The ``abort`` output of a cancel, queued; its reason is the cause of whichever cancel of
+    its scope aborts first (a joined cancel does, D9), so it is materialised when pulled."""
+
+    signal: int
+    reason: CancelCause
+
+    def materialise(self) -> Control:
+        return Control("abort", FrozenDict({"signal": self.signal,
+                                            "reason": frozen_json(self.reason)}))
+
+
+@dataclass(slots=True)
+class _Retro:
+    """One effective cancel's scope (rule P7): its pending reports (none for a keepInbox
+    cancel until a joined cancel clears something), its pending ``abort``, and how much
+    input the current position of its window has diverted into the reports (D9)."""
+
+    inbox_slot: _DiscardSlot | None
+    context_slot: _DiscardSlot | None
+    abort: _AbortNotice | None = None
+    fresh: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _CancelRequested:
+    output: Live
+    retro: _Retro
+
+
+@dataclass(slots=True)
+class _EffectRecord:
+    kind: str
+    payload: FrozenDict
+    released: bool = False
+
+
+class _Aborted(Exception):
+    """Raised inside the loop by a signal check on an aborted signal (R0.7)."""
+
+
+class _Failure(Exception):
+    """A generic or request failure inside a turn (R15)."""
+
+    def __init__(self, error: ErrorInfo, *, code: str | None = None,
+                 request_failure: LlmFailure | None = None) -> None:
+        super().__init__(error.rendered())
+        self.error = error
+        self.code = code if code is not None else error.code
+        self.request_failure = request_failure
+
+
+@dataclass(slots=True)
+class _StepOutcome:
+    request_failed: bool = False
+    had_calls: bool = False
+    took_steering: bool = False
+    concluded: bool = False
+    max_tokens: bool = False
+
+
+_Mail: TypeAlias = tuple[int, str, Any]
+
+
+_Proc: TypeAlias = Generator["Output | _Wait", "_Mail | None", Any]
+
+
+_Queued: TypeAlias = "Output | _DiscardSlot | _CancelRequested | _AbortNotice"
+
+
+def _message_id(notice: Live) -> object:
+    message = notice.event.payload.get("message")
+    return message.get("id") if isinstance(message, FrozenDict) else None
+
+
+def frozen_message(message: Message) -> FrozenDict:
+    """The frozen JSON form of a message (no copying: its parts are already frozen)."""
+    return message_mapping(message)
+
+
+def frozen_json(value: CancelCause | ErrorInfo | LlmFailure | ToolResult) -> FrozenDict:
+    # Why the envelope bound: the parts were checked on entry; the wrapping adds a level (V1).
+    frozen = freeze(value.to_json(), "value", max_depth=None)
+    assert isinstance(frozen, FrozenDict)
+    return frozen

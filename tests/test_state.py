@@ -1,0 +1,114 @@
+"""The core's state in one place and the couplings of its machines (specs/core.md R4.11,
+`machine.core.state`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from machine.conformance.checker import run_vector
+from machine.conformance.subjects import LocalSubject
+from machine.conformance.vectors import find_vectors, load_vector
+from machine.core import AgentCore, CoreState
+from machine.core.records import _Controller
+from machine.invariants import AgentInvariantError, InvariantMonitor
+from machine.io import Effect
+
+CORPUS = Path(__file__).resolve().parent.parent / "specs" / "conformance" / "vectors"
+
+
+class CouplingSubject(LocalSubject):
+    """The core in process, its couplings checked after every input and every output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.checked = 0
+
+    def _check(self, where: str) -> None:
+        problems = self.core.coupling_problems()
+        assert problems == [], (where, problems)
+        self.checked += 1
+
+    def feed(self, value: dict[str, Any]) -> tuple[str, str] | None:
+        refused = super().feed(value)
+        self._check(f"after input {value.get('in')}")
+        return refused
+
+    def pull(self, count: int) -> list[dict[str, Any] | None]:
+        outputs: list[dict[str, Any] | None] = []
+        for _ in range(count):
+            output = super().pull(1)
+            outputs += output
+            if output[0] is None:
+                break
+            self._check(f"at output {output[0]}")
+        return outputs
+
+
+def test_R4_11_the_couplings_hold_at_every_input_and_output_of_every_vector() -> None:
+    subject = CouplingSubject()
+    vectors = [load_vector(path) for path in find_vectors([CORPUS])]
+    for vector in vectors:
+        outcome = run_vector(vector, subject)
+        assert outcome.status == "passed", (vector.id, outcome)
+    assert len(vectors) > 200 and subject.checked > 10_000
+
+
+def _running_core() -> tuple[AgentCore, Effect]:
+    """A core in the middle of a turn, waiting for its step hook."""
+    core = AgentCore()
+    core.drain_outputs()
+    core.followup({"id": "m1", "role": "user", "content": [{"type": "text", "text": "go"}],
+                   "source": {"kind": "user"}})
+    while True:
+        effects = [o for o in core.drain_outputs() if isinstance(o, Effect)]
+        for effect in effects:
+            if effect.kind == "prompt-submit":
+                core.resolve(effect.id, {"kind": "allow"})
+            elif effect.kind == "step":
+                return core, effect
+            else:
+                core.resolve(effect.id, None)
+
+
+@pytest.mark.parametrize(("number", "breaking"), [
+    ("(1)", lambda core: setattr(core.window, "state", "closed")),
+    ("(2)", lambda core: setattr(core, "_owner", None)),
+    ("(2)", lambda core: setattr(core, "_owner", _Controller(99, "run"))),
+    ("(3)", lambda core: setattr(core, "_wake_effect", 7)),
+    ("(4)", lambda core: setattr(core, "_pending_retry", True)),
+    ("(5)", lambda core: setattr(core, "_proc", None)),
+    ("(6)", lambda core: setattr(core, "_disposed", True)),
+    ("(7)", lambda core: setattr(core, "_failure", object())),
+])
+def test_R4_11_each_broken_coupling_is_named_and_the_monitor_refuses_it(
+        number: str, breaking: Any) -> None:
+    core, _ = _running_core()
+    monitor = InvariantMonitor(core, core)
+    assert core.coupling_problems() == []
+    monitor.poll()
+    breaking(core)
+    problems = core.coupling_problems()
+    assert any(p.startswith(number) for p in problems), problems
+    with pytest.raises(AgentInvariantError) as caught:
+        monitor.poll()
+    assert caught.value.rule == "R4.11"
+
+
+def test_R4_11_the_couplings_hold_in_an_idle_and_a_torn_down_core() -> None:
+    core = AgentCore()
+    assert core.coupling_problems() == []
+    core.dispose()
+    core.drain_outputs()
+    assert core.disposed and core.coupling_problems() == []
+
+
+def test_R4_the_state_is_declared_in_one_place() -> None:
+    """R4: every attribute a core holds is set by `CoreState.__init__`; no layer above it
+    adds state of its own (a driven core has exactly the attributes of a fresh one)."""
+    fresh = set(vars(CoreState()))
+    core, _ = _running_core()
+    assert set(vars(core)) == fresh
+    assert {"inbox", "outbox", "window", "lifecycle"} <= fresh
