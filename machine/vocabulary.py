@@ -9,6 +9,7 @@ and the problem, and nothing half-built escapes. Each type has a JSON form
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,19 @@ def _rebase(exc: ValidationError, default: str, path: str,
     if where == exc.path and (code is None or code == exc.code):
         return exc
     return type(exc)(where, exc.problem, code=code or exc.code)
+
+
+def _stored_fields(value: object, cls: type, path: str) -> dict[str, Any]:
+    """The dataclass fields of *value* as stored (never through its own attribute lookup),
+    for a value class that checks them again (`ErrorInfo.checked`, `LlmFailure.checked`)."""
+    stored: dict[str, Any] = {}
+    for item in dataclasses.fields(cls):
+        try:
+            stored[item.name] = object.__getattribute__(value, item.name)
+        except AttributeError:
+            raise ValidationError(f"{path}.{item.name}", f"is missing: this {cls.__name__} "
+                                  "was built without its constructor") from None
+    return stored
 
 
 def _fields(value: JsonLike, path: str, shape: str, required: Sequence[str],
@@ -565,6 +579,17 @@ class LlmFailure:
             if text is not None:                                          # V23
                 object.__setattr__(self, attribute, plain_text(text, f"failure.{name}"))
 
+    @classmethod
+    def checked(cls, value: object, path: str = "failure") -> LlmFailure:
+        """V2, V14: *value*, an `LlmFailure` however it was built, checked again (see
+        `ErrorInfo.checked`). Raises `ValidationError`."""
+        if type(value) is not LlmFailure:
+            raise ValidationError(path, f"must be an LlmFailure, not {type(value).__name__}")
+        try:
+            return cls(**_stored_fields(value, LlmFailure, path))
+        except ValidationError as exc:
+            raise _rebase(exc, "failure", path) from None
+
     def with_message(self, message: str) -> LlmFailure:
         return LlmFailure(message, self.code, self.status, self.provider_retry_after_ms,
                           self.request_id)
@@ -672,9 +697,30 @@ class ErrorInfo:
         return out
 
     @classmethod
+    def checked(cls, value: object, path: str = "error") -> ErrorInfo:
+        """V2, V15: *value*, an `ErrorInfo` however it was built, checked again: its fields
+        are read as stored and go through the constructor, so one built without it (with
+        ``object.__new__``, a NaN message, a list subclass of causes) is refused here,
+        typed, instead of failing later inside the loop. Raises `ValidationError`."""
+        if type(value) is not ErrorInfo:
+            raise ValidationError(path, f"must be an ErrorInfo, not {type(value).__name__}")
+        fields = _stored_fields(value, ErrorInfo, path)
+        causes = fields["causes"]
+        if type(causes) not in (tuple, list):
+            raise ValidationError(f"{path}.causes", "must be a list of strings")
+        failure = fields["failure"]
+        try:
+            return cls(message=fields["message"], name=fields["name"], code=fields["code"],
+                       causes=tuple(causes),
+                       failure=None if failure is None
+                       else LlmFailure.checked(failure, "error.failure"))
+        except ValidationError as exc:
+            raise _rebase(exc, "error", path) from None
+
+    @classmethod
     def from_json(cls, value: JsonLike, path: str = "error") -> ErrorInfo:
         if isinstance(value, ErrorInfo):
-            return value
+            return cls.checked(value, path)
         fields = _fields(value, path, "{name?, message, code?, causes?, failure?}", (),
                          ("name", "message", "code", "causes", "failure"))
         causes = _opt(fields, "causes", ())

@@ -718,6 +718,7 @@ class ModelAgent:
         """P4, P6, P10: buffer a ``raise``; the error must be an ErrorInfo."""
         if not isinstance(error, ErrorInfo):
             raise ProtocolError("raise needs an ErrorInfo")
+        error = ErrorInfo.checked(error)  # V2, V15: checked however it was built
         record = self._record(effect)
         if record.abandoned:  # P16
             record.abandoned = False
@@ -775,8 +776,10 @@ class ModelAgent:
             self.fail(item.effect, item.error)
         elif isinstance(item, Chunk):
             self.chunk(item.effect, item.chunk)
-        else:
+        elif isinstance(item, End):
             self.end(item.effect)
+        else:  # P9, P10: only the inputs of P9
+            raise ProtocolError(f"not an input: {shown(item)}")
 
     # -- commands (§5, §16, §17, P3, P7) --------------------------------------------
 

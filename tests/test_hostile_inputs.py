@@ -51,7 +51,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from machine import strategies
 from machine._model import ModelAgent
 from machine.core import AgentCore, CoreConfig
-from machine.errors import InvariantError, TurnstileError, ValidationError
+from machine.errors import InvariantError, ProtocolError, TurnstileError, ValidationError
 from machine.invariants import InvariantMonitor
 from machine.io import (
     Append,
@@ -941,47 +941,63 @@ def waiting_on(agent: Any, kind: str) -> int:
     raise AssertionError(f"no {kind} effect")
 
 
-STOPS = pytest.mark.xfail(strict=True, raises=AssertionError,
-                          reason="a known hole: the core stops (see the docstring)")
-UNTYPED = pytest.mark.xfail(strict=True, raises=AttributeError,
-                            reason="a known hole: an untyped error escapes (see the docstring)")
-
-
-@pytest.mark.parametrize(("agent_type", "kind"), [
-    pytest.param(AgentCore, "prompt-submit", marks=STOPS),
-    pytest.param(ModelAgent, "prompt-submit", marks=STOPS),
-    pytest.param(AgentCore, "model"),
-    pytest.param(ModelAgent, "model", marks=STOPS)])
-def test_P10_P16_a_hand_built_ErrorInfo_never_stops_the_core(agent_type: type, kind: str) -> None:
-    """P10, P16, V15: ``fail()`` checks only that its error is an `ErrorInfo`, so one built
-    without its constructor (a NaN message) is accepted and fails later, inside the loop:
-    at admission the core stops with an internal TypeError (machine and model); at a model
-    call the machine fails the turn (P16 case 1) while the model stops. The property suite
-    would have the raise refused, typed, or taken without the core stopping, and machine
-    and model alike; its `fail` rule therefore gives only constructed errors."""
+@pytest.mark.parametrize("agent_type", [AgentCore, ModelAgent])
+@pytest.mark.parametrize("kind", ["prompt-submit", "model", "request"])
+def test_V2_V15_a_hand_built_ErrorInfo_is_refused_where_it_enters(agent_type: type,
+                                                                  kind: str) -> None:
+    """V2, V15, P10: ``fail()`` checks its error however it was built (`ErrorInfo.checked`):
+    one made without its constructor (a NaN message) is refused with a ValidationError and
+    changes nothing; the same error built properly is then taken, and the core never
+    stops. (Before, it was accepted and failed later inside the loop: the core stopped at
+    admission, and at a model call machine and model diverged.)"""
     agent = agent_type(CoreConfig(request_options={"provider": "p", "model": "m"}))
     number = waiting_on(agent, kind)
-    try:
+    with pytest.raises(ValidationError, match=r"error\.message"):
         agent.fail(number, hand_built_error(message=math.nan))
-    except TurnstileError:
-        return                                  # refused where it enters: fine
+    assert agent.outstanding_effects == (number,) and agent.drain_outputs() == []
+    agent.fail(number, ErrorInfo("refused properly", "Error"))
     while agent.next_output() is not None:
         pass
     assert agent.failure is None, f"the core stopped: {agent.failure}"
 
 
-@pytest.mark.parametrize("agent_type", [
-    AgentCore, pytest.param(ModelAgent, marks=UNTYPED)])
+def test_V2_a_hand_built_ErrorInfo_or_LlmFailure_is_checked_field_by_field() -> None:
+    """`ErrorInfo.checked` reads the fields as stored: a missing field, a list subclass of
+    causes (whose own iterator would run) and a hand-built failure are refused, typed; a
+    properly built value comes back equal."""
+    good = ErrorInfo("m", "E", "C", ("a",), LlmFailure("f", "RATE_LIMIT", 429))
+    assert ErrorInfo.checked(good) == good
+    bare = object.__new__(ErrorInfo)
+    with pytest.raises(ValidationError, match="built without its constructor"):
+        ErrorInfo.checked(bare)
+
+    class Causes(list[str]):
+        def __iter__(self) -> Any:
+            raise AssertionError("the caller's iterator ran")
+
+    sneaky = hand_built_error(message="m")
+    object.__setattr__(sneaky, "causes", Causes(["x"]))
+    with pytest.raises(ValidationError, match="causes"):
+        ErrorInfo.checked(sneaky)
+    failure = object.__new__(LlmFailure)
+    for name, value in (("message", "f"), ("code", math.nan), ("status", None),
+                        ("provider_retry_after_ms", None), ("request_id", None)):
+        object.__setattr__(failure, name, value)
+    wrapped = hand_built_error(message="m")
+    object.__setattr__(wrapped, "failure", failure)
+    with pytest.raises(ValidationError, match=r"failure\.code"):
+        ErrorInfo.checked(wrapped)
+
+
+@pytest.mark.parametrize("agent_type", [AgentCore, ModelAgent])
 @pytest.mark.parametrize("item", [None, "dispose", {"in": "dispose"}, ErrorInfo("x")],
                          ids=["None", "str", "dict", "ErrorInfo"])
-def test_P10_P16_feeding_what_is_not_an_input_is_a_typed_refusal(agent_type: type,
-                                                                  item: Any) -> None:
-    """P10, P16: ``feed()`` of a value that is not an `Input` raises `ProtocolError` and
-    changes nothing (the machine); the model raises an untyped AttributeError (it takes
-    anything unknown for an `End`). The property suite's `feed` rule gives only `Input`
-    objects (with hostile fields) for that reason."""
+def test_P9_P10_feeding_what_is_not_an_input_is_a_typed_refusal(agent_type: type,
+                                                                item: Any) -> None:
+    """P9, P10: ``feed()`` of a value that is not an `Input` raises `ProtocolError` and
+    changes nothing, in machine and model alike."""
     agent = agent_type(CoreConfig())
     before = agent.drain_outputs()
-    with pytest.raises(TurnstileError):
+    with pytest.raises(ProtocolError, match="not an input"):
         agent.feed(item)
     assert before and agent.drain_outputs() == [] and len(agent.log) == 0

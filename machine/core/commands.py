@@ -46,6 +46,7 @@ from machine.io import (
 from machine.jsonvalue import (
     FrozenDict,
     JsonLike,
+    shown,
     snapshot,
 )
 from machine.machines import Lifecycle, Window
@@ -285,8 +286,8 @@ class Commands(Outputs):
             self.chunk(item.effect, item.chunk)
         elif isinstance(item, End):
             self.end(item.effect)
-        else:  # pragma: no cover - the Input union is closed
-            raise ProtocolError(f"unknown input {item!r}")
+        else:                           # P9, P10: only the inputs of P9
+            raise ProtocolError(f"not an input: {shown(item)}")
 
     def _stop(self, error: BaseException) -> None:
         """P16: the loop failed where it could not fail a turn in order (a closing append

@@ -64,7 +64,7 @@ class Outputs(CoreState):
     def fail(self, effect: int, error: ErrorInfo) -> None:
         if not isinstance(error, ErrorInfo):
             raise ProtocolError(f"effect {effect}: a raise needs an ErrorInfo, not {type(error).__name__}")
-        self._complete(effect, "raise", error)
+        self._complete(effect, "raise", ErrorInfo.checked(error))    # V2: however built
 
     def chunk(self, effect: int, chunk: JsonLike) -> None:
         self._complete(effect, "chunk", chunk)
