@@ -28,6 +28,8 @@ import re
 import subprocess
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Set
+from typing import TypedDict
 
 DETECTED = {"killed", "killed (added test)", "timeout", "suspicious", "segfault"}
 MUTMUT = ".venv/bin/mutmut"
@@ -52,7 +54,16 @@ def module_of(name: str) -> str:
     return ".".join(p for p in parts if not p.startswith("x"))
 
 
-def pick(fraction: float, seed: int) -> dict[str, object]:
+class Plan(TypedDict):
+    """What `pick` writes and `names` and `estimate` read: the sample, per module."""
+
+    seed: int
+    fraction: float
+    unevaluated: dict[str, int]  # module -> how many of its mutants were not evaluated
+    sample: dict[str, list[str]]  # module -> the sampled mutant names
+
+
+def pick(fraction: float, seed: int) -> Plan:
     statuses = results()
     population: dict[str, list[str]] = defaultdict(list)
     for name, status in sorted(statuses.items()):
@@ -89,13 +100,13 @@ def names_in(paths: list[str], *, tables_under: re.Pattern[str] | None = None) -
     return found
 
 
-def estimate(plan: dict[str, object], killed: set[str] = frozenset(),  # type: ignore[assignment]
-             equivalent: set[str] = frozenset()) -> str:  # type: ignore[assignment]
+def estimate(plan: Plan, killed: Set[str] = frozenset(), equivalent: Set[str] = frozenset()
+             ) -> str:
     statuses = {name: ("killed (added test)" if name in killed and status in {"survived", "no tests"}
                        else status)
                 for name, status in results().items() if name not in equivalent}
-    unevaluated: dict[str, int] = plan["unevaluated"]  # type: ignore[assignment]
-    sample: dict[str, list[str]] = plan["sample"]  # type: ignore[assignment]
+    unevaluated = plan["unevaluated"]
+    sample = plan["sample"]
     sampled = {name for names in sample.values() for name in names}
     counted = [n for n in statuses if statuses[n] != "not checked" and n not in sampled]
     lines = []
@@ -167,7 +178,7 @@ def main() -> int:
         print()
     else:
         with open(args.plan, encoding="utf-8") as handle:
-            plan = json.load(handle)
+            plan: Plan = json.load(handle)
         if args.command == "names":
             print(" ".join(name for names in plan["sample"].values() for name in names))
         else:

@@ -157,11 +157,11 @@ def summary(sections: dict[str, Section]) -> list[str]:
             f"{figures['queued'][-1]:,.0f} / {figures['staged'][-1]:,.0f}")
     if "load-memory" in sections:
         figures = sections["load-memory"].figures
-        largest = {kind: max((key for key in figures if key.startswith(f"{kind}/")),
-                             key=lambda key: int(key.split("/")[1]), default=None)
-                   for kind in ("chunks", "messages")}
+        largest_run = {kind: max((key for key in figures if key.startswith(f"{kind}/")),
+                                 key=lambda key: int(key.split("/")[1]), default=None)
+                       for kind in ("chunks", "messages")}
         cells = [f"{kind} {figures[key]['file_bytes'] / 1e6:,.0f} MB: "
-                 f"{figures[key]['ratio']:.2f}" for kind, key in largest.items() if key]
+                 f"{figures[key]['ratio']:.2f}" for kind, key in largest_run.items() if key]
         add("JSONL load, resident memory growth ÷ file size", ", ".join(cells))
     return lines
 

@@ -6,6 +6,15 @@ This is the *reference model* of the agent core. It is written from
 follows it, and D9–D12) and ``specs/protocol.md`` (rules P1–P14), never from
 ``machine/core/``. Speed does not matter here; obviousness does.
 
+Each "§x.y" is followed by the project's id of the rule that restates it, as
+``§10.9 (R10.9)``, so one grep for a rule id finds the spec, the machine, this
+model and the tests. ``R<s>.<n>`` restates §<s>.<n> (``specs/core.md``) and
+``R<s>.<n>.<k>`` is its step *k*; the data shapes of §1 and the event
+catalog of §2 are V and E rules (``specs/vocabulary.md``); §3.5's environment
+steps are effects (R3.2); resume (§23) is S18 (``specs/persistence.md``).
+Rules the reference lacks are cited by their project id alone (R17.4, R20.4, D9).
+``tests/test_model_citations.py`` checks all of this against ``specs/``.
+
 Shape of the model
 ------------------
 * All routing state is plain data on the instance: two lists (``queued`` and
@@ -14,9 +23,9 @@ Shape of the model
   continue-or-idle) is ONE plain Python generator, ``_proc``. It yields
   ``None`` after it has queued an output ("deliver what I queued, then resume
   me": P8) and ``_Wait(ids)`` when it waits on the environment (a yield point,
-  §0.4); it is resumed with the completion it waited for (P6).
-* Commands (§5, §16, §17, P3) are plain methods that change state at once and
-  queue their outputs; they never run the loop.
+  §0.4 (R0.4)); it is resumed with the completion it waited for (P6).
+* Commands (§5 (R5), §16 (R16), §17 (R17), P3) are plain methods that change
+  state at once and queue their outputs; they never run the loop.
 * ``next_output`` (P1) hands out queued outputs and only resumes the
   generator when the queue is empty (P8).
 """
@@ -133,7 +142,7 @@ Completion: TypeAlias = Resolve | Raise | Chunk | End
 
 @dataclass(frozen=True)
 class _Wait:
-    """The generator waits on one of these effects (a yield point, §0.4; P6)."""
+    """The generator waits on one of these effects (a yield point, §0.4 (R0.4); P6)."""
 
     effects: frozenset[int]
 
@@ -148,7 +157,7 @@ Proc: TypeAlias = Generator["_Wait | None", "Completion | None", None]
 
 @dataclass
 class _Queued:
-    """An item of ``queued`` (§4.1): a message and its wakeup flag."""
+    """An item of ``queued`` (§4.1 (R4.1)): a message and its wakeup flag."""
 
     message: Message
     wakeup: bool
@@ -156,7 +165,7 @@ class _Queued:
 
 @dataclass
 class _Staged:
-    """An item of the ``outbox`` (§4.1): staged steering (True) or staged context (False)."""
+    """An item of the ``outbox`` (§4.1 (R4.1)): staged steering (True) or staged context (False)."""
 
     message: Message
     steering: bool
@@ -164,7 +173,8 @@ class _Staged:
 
 @dataclass
 class _Controller:
-    """An abort controller (§4.4, §0.7). ``reason`` is the first cause (§16.3)."""
+    """An abort controller (§4.4 (R4.4), §0.7 (R0.7)). ``reason`` is the first cause
+    (§16.3 (R16.3))."""
 
     signal: int
     reason: CancelCause | None = None
@@ -181,7 +191,7 @@ class _EffectRecord:
 
 @dataclass
 class _Reports:
-    """The two pending discard reports of one cancel (§16.2 step 2, D6, P7)."""
+    """The two pending discard reports of one cancel (§16.2 step 2 (R16.2.2), D6, P7)."""
 
     queued: list[Message] = field(default_factory=list)
     steering: list[Message] = field(default_factory=list)
@@ -211,8 +221,8 @@ class _Entry:
 
 
 class _Stop(Exception):
-    """Something that ends a turn: an abort raised by a signal check (§0.7), a request
-    failure (§13.1) or a generic failure (§15.3)."""
+    """Something that ends a turn: an abort raised by a signal check (§0.7 (R0.7)), a request
+    failure (§13.1 (R13.1)) or a generic failure (§15.3 (R15.3))."""
 
     def __init__(self, kind: Literal["abort", "request", "generic"],
                  error: ErrorInfo | None = None, failure: LlmFailure | None = None) -> None:
@@ -223,18 +233,19 @@ class _Stop(Exception):
 
 
 def _generic(message: str, name: str, code: str | None) -> _Stop:
-    """A generic failure with a coded error (§15.3; project decision on names and codes)."""
+    """A generic failure with a coded error (§15.3 (R15.3); project decision on names and codes)."""
     return _Stop("generic", ErrorInfo(message=message, name=name, code=code))
 
 
 def _raised(error: ErrorInfo) -> _Stop:
-    """A raised ErrorInfo is a generic failure (§13.1), its code being the error's (§15.3)."""
+    """A raised ErrorInfo is a generic failure (§13.1 (R13.1)), its code being the error's
+    (§15.3 (R15.3))."""
     return _Stop("generic", error)
 
 
 @dataclass
 class _StepOutcome:
-    """The outcome of a completed step (§9.10)."""
+    """The outcome of a completed step (§9.10 (R9.10))."""
 
     continue_turn: bool
     concluded: bool
@@ -243,7 +254,7 @@ class _StepOutcome:
 
 @dataclass
 class _Call:
-    """One planned tool call of a batch and what happened to it (§10)."""
+    """One planned tool call of a batch and what happened to it (§10 (R10))."""
 
     call_id: str
     name: str
@@ -251,11 +262,11 @@ class _Call:
     state: Literal["unstarted", "inflight", "settled", "committed", "failed"] = "unstarted"
     call_seq: int = -1
     execute_effect: int | None = None
-    dispatched: bool = False  # execute was requested: a late success becomes ABORTED (§10.11)
+    dispatched: bool = False  # execute was requested: a late success becomes ABORTED (§10.11 (R10.11))
     taken: bool = False  # R10.2: a dispatched call counts as in flight until the batch takes it
-    result: ToolResult | None = None  # what the call has so far (§10.3, R10.3)
+    result: ToolResult | None = None  # what the call has so far (§10.3 (R10.3))
     final: bool = False  # the result skips finalize (from prepare, a prepare raise, R10.3)
-    error: ErrorInfo | None = None  # why the call failed (§10.9)
+    error: ErrorInfo | None = None  # why the call failed (§10.9 (R10.9))
 
 
 ABORTED_BEFORE_DISPATCH_TEXT = "Error: tool call aborted before dispatch"
@@ -263,8 +274,8 @@ ABORTED_TEXT = "Error: tool call aborted"
 
 
 def _aborted_result(code: str, text: str, contexts: Sequence[Message] = ()) -> ToolResult:
-    """§10.10, §10.11 (R10.10, R10.11): a canonical aborted result; when it stands in for a
-    result, that result's additional contexts ride along."""
+    """§10.10 (R10.10), §10.11 (R10.11): a canonical aborted result; when it stands in for
+    a result, that result's additional contexts ride along."""
     return ToolResult.from_json({
         "content": [{"type": "text", "text": text}], "isError": True,
         "error": {"name": "AbortError", "code": code},
@@ -292,17 +303,17 @@ def _normal(result: ToolResult) -> ToolResult:
 
 
 def _default_mint(kind: str, seq: int) -> str:
-    """Ids the loop mints: ``assistant-<seq>`` and ``tool-result-<seq>`` (P12, §1.5)."""
+    """Ids the loop mints: ``assistant-<seq>`` and ``tool-result-<seq>`` (P12, §1.5 (V5))."""
     return f"{kind}-{seq}"
 
 
 def _message_json(message: Message) -> dict[str, JsonLike]:
-    """A message's JSON form ``{id, role, content, source}`` (§1.1)."""
+    """A message's JSON form ``{id, role, content, source}`` (§1.1 (V5))."""
     return message.to_json()
 
 
 def _plan_arguments(raw: str) -> Frozen:
-    """§10.1: an empty string becomes ``{}``, valid JSON text becomes its value, and
+    """§10.1 (R10.1): an empty string becomes ``{}``, valid JSON text becomes its value, and
     unparsable text is passed on as the raw string."""
     if raw == "":
         return FrozenDict({})
@@ -342,7 +353,7 @@ def _route_problem(header: FrozenDict) -> str | None:
     return None
 
 
-#: §3.5, §9.6 (R9.6): a config without provider or model fails request preparation with an
+#: §3.5 (R3.2), §9.6 (R9.6): a config without provider or model fails request preparation with an
 #: uncoded error, as in the original; the text is the project's.
 NO_ROUTE = ("the request config has no provider/model: set them in "
             "CoreConfig.request_options or return both from the request effect")
@@ -363,7 +374,7 @@ def _lacks_route(value: JsonLike) -> bool:
 
 
 def _chunk_problem(chunk: FrozenDict) -> str | None:
-    """P12: the chunk types a stream may carry (§1.20 read with the original's closed chunk
+    """P12: the chunk types a stream may carry (§1.20 (V18) read with the original's closed chunk
     union; D5), no usage on a finish (usage is its own chunk), and the fields a
     content-carrying chunk must have (the texts are the project's; P12 does not state them)."""
     kind = chunk["type"]
@@ -401,18 +412,18 @@ class ModelAgent:
     """The reference model of `machine.core.AgentCore`: same commands, same completions,
     same outputs (P1–P15), written rule by rule from the spec."""
 
-    # -- construction (P11, §23.2) ---------------------------------------------
+    # -- construction (P11, §23.2 (S18)) ---------------------------------------------------
 
     def __init__(self, config: CoreConfig | None = None, *, log: SessionLog | None = None,
                  clock: Callable[[], float] | None = None,
                  mint_id: Callable[[str, int], str] | None = None) -> None:
         """P11: queue ``session/created``, ``agent/created {status:'idle'}`` and
-        ``agent/session-start {source}`` when publishing (§3.1, §23.2). §4.7: ``lastTurn``
-        comes from the seeded log."""
+        ``agent/session-start {source}`` when publishing (§3.1 (R3.1), §23.2 (S18)).
+        §4.7 (R4.7): ``lastTurn`` comes from the seeded log."""
         self.config = config if config is not None else CoreConfig()
         self.log = log if log is not None else SessionLog(clock=clock)
         self._mint = mint_id if mint_id is not None else _default_mint
-        # Routing state (§4).
+        # Routing state (§4 (R4)).
         self._queued: list[_Queued] = []
         self._outbox: list[_Staged] = []
         self._busy = False
@@ -421,12 +432,12 @@ class ModelAgent:
         self._wake_pending = False
         self._wake_tick: int | None = None
         self._pending_retry = False
-        self._header_logged = False
+        self._header_logged = False  # §4.8 (R4.8)
         self._prior_failures: list[LlmFailure] = []
         self._disposing = False
         self._disposed = False
         self._failure: ErrorInfo | None = None  # P16: set when the loop stopped
-        # The turn being run (§8.1).
+        # The turn being run (§8.1 (R8.1)).
         self._turn = 0
         self._step = 0
         self._step_open = False
@@ -448,57 +459,58 @@ class ModelAgent:
             self._queue(Live(LiveEvent(SESSION_START,
                                        FrozenDict({"source": self.config.session_start}))))
 
-    # -- read-only state (§4, §18, §20.1) ---------------------------------------
+    # -- read-only state (§4 (R4), §18 (R18), §20.1 (R20.1)) -------------------------------
 
     @property
     def status(self) -> str:
-        """§4.2: ``running`` for the whole running interval, else ``idle``."""
+        """§4.2 (R4.2): ``running`` for the whole running interval, else ``idle``."""
         return "running" if self._busy else "idle"
 
     @property
     def accepts_next_step(self) -> bool:
-        """§4.3: the next-step acceptance window."""
+        """§4.3 (R4.3): the next-step acceptance window."""
         return self._window
 
     @property
     def pending_queued(self) -> int:
-        """§4.1: the number of items in ``queued``."""
+        """§4.1 (R4.1): the number of items in ``queued``."""
         return len(self._queued)
 
     @property
     def pending_steering(self) -> int:
-        """§4.1: the number of staged steering items in the outbox."""
+        """§4.1 (R4.1): the number of staged steering items in the outbox."""
         return sum(1 for item in self._outbox if item.steering)
 
     @property
     def pending_context(self) -> int:
-        """§4.1: the number of staged context items in the outbox."""
+        """§4.1 (R4.1): the number of staged context items in the outbox."""
         return sum(1 for item in self._outbox if not item.steering)
 
     @property
     def wake_pending(self) -> bool:
-        """§4.6."""
+        """§4.6 (R4.6)."""
         return self._wake_pending
 
     @property
     def retry_pending(self) -> bool:
-        """§4.9."""
+        """§4.9 (R4.9)."""
         return self._pending_retry
 
     @property
     def is_quiescent(self) -> bool:
-        """§18 (project decision for R17): not busy, no wake pending, no waking item queued."""
+        """§18 (R18) (project decision for R17, R17.4): not busy, no wake pending, no waking
+        item queued."""
         return (not self._busy and not self._wake_pending
                 and not any(item.wakeup for item in self._queued))
 
     @property
     def disposing(self) -> bool:
-        """§17: ``dispose()`` was called and teardown has not completed."""
+        """§17 (R17): ``dispose()`` was called and teardown has not completed."""
         return self._disposing and not self._disposed
 
     @property
     def disposed(self) -> bool:
-        """§17.3: teardown has completed."""
+        """§17.3 (R17.3): teardown has completed."""
         return self._disposed
 
     @property
@@ -512,7 +524,7 @@ class ModelAgent:
         return tuple(i for i, rec in self._effects.items() if not rec.done)
 
     def signal_reason(self, signal: int) -> CancelCause | None:
-        """§16.3: the first cause that aborted a signal, or None."""
+        """§16.3 (R16.3): the first cause that aborted a signal, or None."""
         controller = self._controllers.get(signal)
         return controller.reason if controller is not None else None
 
@@ -535,20 +547,20 @@ class ModelAgent:
         self._out.append(entry)
 
     def _live(self, type_: str, **payload: JsonLike) -> None:
-        """Queue a live notification (§3.1)."""
+        """Queue a live notification (§3.1 (R3.1))."""
         frozen = freeze(payload, "payload", max_depth=None)
         assert isinstance(frozen, FrozenDict)
         self._queue(Live(LiveEvent(type_, frozen)))
 
     def _warn(self, text: str) -> None:
-        """§0.8 (project decision): a warning is logged and delivered as ``agent/warning``."""
+        """§0.8 (R0.8) (project decision): a warning is logged and delivered as ``agent/warning``."""
         logger.warning("%s", text)
         self._live(WARNING, text=text)
 
     def _append(self, type_: str, data: JsonLike, *, source_event_seqs: Sequence[int] | None = None
                 ) -> Event:
-        """Append a durable event (§0.1) and queue it (P1: committed when pulled). Surface
-        types carry ``surfaceOp: 'append'`` (§1.21)."""
+        """Append a durable event (§0.1 (R0.1)) and queue it (P1: committed when pulled). Surface
+        types carry ``surfaceOp: 'append'`` (§1.21 (E2))."""
         surface = type_ in (USER_MESSAGE, STEERING_MESSAGE, ASSISTANT_MESSAGE, TOOL_RESULT)
         event = self.log.append(type_, data, surface_op="append" if surface else None,
                                 source_event_seqs=source_event_seqs)
@@ -616,8 +628,8 @@ class ModelAgent:
         return frozen
 
     def _advance(self) -> bool:
-        """Run the loop one yield further, if it can (P6, P8). Starts the wake (§6.2) and
-        the teardown of a quiescent disposing agent (project decision for §17)."""
+        """Run the loop one yield further, if it can (P6, P8). Starts the wake (§6.2 (R6.2)) and
+        the teardown of a quiescent disposing agent (R17.4, project decision for §17 (R17))."""
         if self._proc is None:
             if self._wake_tick is not None:
                 tick = self._wake_tick
@@ -657,7 +669,7 @@ class ModelAgent:
         """P16: the loop failed outside any turn it could still fail in order: the model
         stops. Nothing is waited for any more (the outstanding effects are abandoned:
         their completions are accepted and dropped); a disposing agent discards what is
-        queued (§17); busy, the window and a pending wake or retry are cleared;
+        queued (§17 (R17)); busy, the window and a pending wake or retry are cleared;
         ``agent/error`` names the failure, then ``idle`` if the agent was busy."""
         info = internal_error(error)
         self._failure = info
@@ -766,7 +778,7 @@ class ModelAgent:
         elif isinstance(item, Dispose):
             self.dispose()
         elif isinstance(item, Observer):
-            pass  # P14, §0.1 "contained", D7: observers run after commit; nothing to do here
+            pass  # P14, §0.1 (R0.1) "contained", D7: observers run after commit; nothing to do here
         elif isinstance(item, Append):
             self.append(item.type, item.data, surface_op=item.surface_op,
                         source_event_seqs=item.source_event_seqs)
@@ -781,10 +793,10 @@ class ModelAgent:
         else:  # P9, P10: only the inputs of P9
             raise ProtocolError(f"not an input: {shown(item)}")
 
-    # -- commands (§5, §16, §17, P3, P7) --------------------------------------------
+    # -- commands (§5 (R5), §16 (R16), §17 (R17), P3, P7) ----------------------------------
 
     def _check_not_disposed(self) -> None:
-        """§17.3, P10: after teardown every command but dispose raises."""
+        """§17.3 (R17.3), P10: after teardown every command but dispose raises."""
         if self._disposed:
             raise DisposedError("the agent is disposed")
         if self._failure is not None:  # P16
@@ -792,14 +804,15 @@ class ModelAgent:
                                   f"({self._failure.message}); only dispose() may be called")
 
     def send(self, message: JsonLike, options: JsonLike) -> None:
-        """§5: validate options then message (§5.1, D5), snapshot, route by the window
-        only (§5.2, §5.3, §5.6), request a wake before the enqueue notification (§5.4,
-        §6.1), announce (§5.5). P7: input accepted while a cancel-requested is the last
-        output pulled is moved into that cancel's pending reports."""
+        """§5 (R5): validate options then message (§5.1 (R5.1), D5), snapshot, route by the
+        window only (§5.2 (R5.2), §5.3 (R5.3), §5.6 (R5.6)), request a wake before the
+        enqueue notification (§5.4 (R5.4), §6.1 (R6.1)), announce (§5.5 (R5.5)). P7: input
+        accepted while a cancel-requested is the last output pulled is moved into that
+        cancel's pending reports."""
         self._check_not_disposed()
         opts = SendOptions.from_json(snapshot(options))  # V6: the arguments are taken first
         msg = validate_user_message(snapshot(message))
-        if opts.target == "next-step" and not opts.wakeup:  # inject (§5.2)
+        if opts.target == "next-step" and not opts.wakeup:  # inject (§5.2 (R5.2))
             if self._window:
                 self._outbox.append(_Staged(msg, steering=False))
                 reports = self._scope_reports()
@@ -836,19 +849,19 @@ class ModelAgent:
         return scope.reports
 
     def followup(self, message: JsonLike) -> None:
-        """§1.8: next-turn + wakeup."""
+        """§1.8 (V10): next-turn + wakeup."""
         self.send(message, SendOptions("next-turn", True))
 
     def steer(self, message: JsonLike) -> None:
-        """§1.8: next-step + wakeup."""
+        """§1.8 (V10): next-step + wakeup."""
         self.send(message, SendOptions("next-step", True))
 
     def inject(self, message: JsonLike) -> None:
-        """§1.8: next-step without wakeup."""
+        """§1.8 (V10): next-step without wakeup."""
         self.send(message, SendOptions("next-step", False))
 
     def _request_wake(self) -> None:
-        """§6.1: ignored while busy or while a wake is pending; otherwise set
+        """§6.1 (R6.1): ignored while busy or while a wake is pending; otherwise set
         ``wakePending`` and request the tick (P4 ``tick {purpose:'wake'}``)."""
         if self._busy or self._wake_pending:
             return
@@ -856,7 +869,8 @@ class ModelAgent:
         self._wake_tick = self._request(TICK, purpose="wake")
 
     def cancel(self, cause: JsonLike, keep_inbox: bool = False) -> None:
-        """§16, §1.10: validate the cause ({kind:'user'} or {kind:'parent'}), then cancel."""
+        """§16 (R16), §1.10 (V11): validate the cause ({kind:'user'} or {kind:'parent'}), then
+        cancel."""
         self._check_not_disposed()
         parsed = CancelCause.from_json(snapshot(cause))
         if not isinstance(keep_inbox, bool):
@@ -864,9 +878,10 @@ class ModelAgent:
         self._cancel(parsed, keep_inbox)
 
     def _cancel(self, cause: CancelCause, keep_inbox: bool) -> None:
-        """§16.1 effectiveness; §16.2 steps 1–4 (P7: all at once, reports pending);
-        §16.3 first cause wins; D2 drops a pending retry; D6 context report; a cancel
-        issued while another one's notice is observed joins it (P7, D9)."""
+        """§16.1 (R16.1) effectiveness; §16.2 steps 1–4 (R16.2.1–R16.2.4) (P7: all at once,
+        reports pending); §16.3 (R16.3) first cause wins; D2 drops a pending retry; D6
+        context report; a cancel issued while another one's notice is observed joins it
+        (P7, D9)."""
         if self._cancel_scope is not None:
             self._join(self._cancel_scope, cause, keep_inbox)
             return
@@ -884,13 +899,13 @@ class ModelAgent:
             self._insert(_Entry(report="context", reports=scope.reports))
         self._pending_retry = False
         owner = self._owner
-        if owner is not None and owner.reason is None:  # §16.3: the first cause wins
+        if owner is not None and owner.reason is None:  # §16.3 (R16.3): the first cause wins
             owner.reason = cause
             scope.abort = _Entry(output=self._abort_notice(owner.signal, cause))
             self._insert(scope.abort)
 
     def _join(self, scope: _Scope, cause: CancelCause, keep_inbox: bool) -> None:
-        """§16.2 step 1 read literally (P7): a cancel issued by an observer of another
+        """§16.2 step 1 (R16.2.1) read literally (P7): a cancel issued by an observer of another
         cancel's notice runs before that cancel clears and aborts, so it is the one that
         aborts (its cause is the reason). D9: it does anything only if it has something new
         to clear: the input accepted at this position, when that cancel cleared (it is in
@@ -929,7 +944,7 @@ class ModelAgent:
             scope.abort.output = self._abort_notice(self._owner.signal, cause)
 
     def _take_everything(self) -> _Reports:
-        """§16.2 step 2: take every queued item, then the staged steering, then the staged
+        """§16.2 step 2 (R16.2.2): take every queued item, then the staged steering, then the staged
         context, each in FIFO order, and empty both lists."""
         reports = _Reports(
             queued=[item.message for item in self._queued],
@@ -951,8 +966,8 @@ class ModelAgent:
                                             "reason": FrozenDict(cause.to_json())}))
 
     def dispose(self) -> None:
-        """§17.1 step 1 (project decision): ``cancel({kind:'disposed'})`` at once, with no
-        cancel-requested, and mark the agent disposing. A no-op after teardown (§17.3)."""
+        """§17.1 step 1 (R17.1.1) (project decision): ``cancel({kind:'disposed'})`` at once, with no
+        cancel-requested, and mark the agent disposing. A no-op after teardown (§17.3 (R17.3))."""
         if self._disposed:
             return
         self._disposing = True
@@ -960,7 +975,7 @@ class ModelAgent:
 
     def append(self, type: str, data: JsonLike, *, surface_op: JsonLike = None,
                source_event_seqs: Sequence[int] | None = None) -> Event:
-        """P3: a direct append by extension code, checked before commit (§20.2, D7)."""
+        """P3: a direct append by extension code, checked before commit (§20.2 (R20.2), D7)."""
         self._check_not_disposed()
         if isinstance(type, str):
             type = str.__str__(type)
@@ -989,11 +1004,11 @@ class ModelAgent:
         self._queue(Durable(event))
         return event
 
-    # -- teardown (§17, project decision) -------------------------------------------
+    # -- teardown (§17 (R17), project decision R17.4) --------------------------------------
 
     def _teardown(self) -> None:
-        """§17.1 step 3 (project decision): report what the inbox and outbox still hold
-        (inbox discard, then context discard; no cancel-requested), then
+        """§17.1 step 3 (R17.1.3) (project decision, R17.4): report what the inbox and outbox
+        still hold (inbox discard, then context discard; no cancel-requested), then
         ``agent/disposed`` and ``session/disposed``; from now on commands raise."""
         dropped = [item.message for item in self._queued] + \
             [item.message for item in self._outbox if item.steering]
@@ -1008,33 +1023,33 @@ class ModelAgent:
         self._live(SESSION_DISPOSED)
         self._disposed = True
 
-    # -- the loop: wake and continue-or-idle (§6, §7.1, §12.7) ----------------------------
+    # -- the loop: wake and continue-or-idle (§6 (R6), §7.1 (R7.1), §12.7 (R12.7)) ---------
 
     def _new_controller(self) -> _Controller:
-        """§4.4: a fresh controller with its own signal."""
+        """§4.4 (R4.4): a fresh controller with its own signal."""
         controller = _Controller(self._next_signal)
         self._next_signal += 1
         self._controllers[controller.signal] = controller
         return controller
 
     def _has_waking(self) -> bool:
-        """§7.1: at least one waking item is queued."""
+        """§7.1 (R7.1): at least one waking item is queued."""
         return any(item.wakeup for item in self._queued)
 
     def _wake(self, tick: int) -> Proc:
-        """§6.2: wait for the tick; clear ``wakePending``; claim if not busy and a waking
+        """§6.2 (R6.2): wait for the tick; clear ``wakePending``; claim if not busy and a waking
         item is queued, otherwise do nothing."""
         yield _Wait(frozenset({tick}))
         self._wake_pending = False
         yield from self._continue_or_idle()
 
     def _continue_or_idle(self) -> Proc:
-        """§12.7 (and the wake's claim, §6.2): claim the head of ``queued`` while a waking
-        item is queued, within one running interval; otherwise clear ``busy`` and emit
-        ``idle`` (only if busy). While disposing, never claim (project decision for §17.1
-        step 2): a waking item found here is discarded by ``cancel(disposed)`` and the loop
-        "then finds nothing" at once -- before that cancel's discard notifications are
-        delivered."""
+        """§12.7 (R12.7) (and the wake's claim, §6.2 (R6.2)): claim the head of ``queued``
+        while a waking item is queued, within one running interval; otherwise clear ``busy``
+        and emit ``idle`` (only if busy). While disposing, never claim (R17.4, the project
+        decision for §17.1 step 2 (R17.1.2)): a waking item found here is discarded by
+        ``cancel(disposed)`` and the loop "then finds nothing" at once -- before that
+        cancel's discard notifications are delivered."""
         while True:
             if self._disposing and self._has_waking():
                 self._cancel(CancelCause("disposed"), keep_inbox=False)
@@ -1047,26 +1062,27 @@ class ModelAgent:
                 yield None
             return
 
-    # -- admission (§7) -------------------------------------------------------------------
+    # -- admission (§7 (R7)) ---------------------------------------------------------------
 
     def _admission(self) -> Proc:
-        """§7.2–§7.11: claim the head of ``queued``, run prompt-submit, then the run (allowed)
-        or the rejected path."""
-        item = self._queued.pop(0)  # §7.2
+        """§7.2–§7.11 (R7.2–R7.11): claim the head of ``queued``, run prompt-submit, then the
+        run (allowed) or the rejected path."""
+        item = self._queued.pop(0)  # §7.2 (R7.2)
         inherited = len(self._outbox)
-        controller = self._new_controller()  # §7.3
+        controller = self._new_controller()  # §7.3 (R7.3)
         self._owner = controller
         self._window = True
-        if not self._busy:  # §7.4
+        if not self._busy:  # §7.4 (R7.4)
             self._busy = True
             self._live(STATUS, status="running")
             yield None
         claimed = item.message
         admitted: list[Message] | None = None
-        if controller.reason is not None:  # §7.5: rejected, prompt-submit not invoked
+        if controller.reason is not None:  # §7.5 (R7.5): rejected, prompt-submit not invoked
             # P15, as the original orders it: the admission body runs on to its yield (the
-            # owner released, §7.8; §7.10 steps 1-2) before the claim emits the dequeue notice,
-            # and the tick of that yield is requested after the notice.
+            # owner released, §7.8 (R7.8); §7.10 steps 1–2 (R7.10.1–R7.10.2)) before the
+            # claim emits the dequeue notice, and the tick of that yield is requested after
+            # the notice.
             self._owner = None
             yield from self._reject_admission()
             self._live(INBOX_DEQUEUE, message=_message_json(claimed), placement="queued")
@@ -1077,12 +1093,12 @@ class ModelAgent:
             effect = self._request(PROMPT_SUBMIT, message=_message_json(claimed),
                                    signal=controller.signal)
             yield None
-            self._live(INBOX_DEQUEUE, message=_message_json(claimed), placement="queued")  # §7.6
+            self._live(INBOX_DEQUEUE, message=_message_json(claimed), placement="queued")  # §7.6 (R7.6)
             yield None
             completion = yield _Wait(frozenset({effect}))
             admitted = yield from self._decide(controller, claimed, completion)
-        self._owner = None  # §7.8
-        if admitted is not None:  # §7.9
+        self._owner = None  # §7.8 (R7.8)
+        if admitted is not None:  # §7.9 (R7.9)
             trigger = {"kind": "message", "source": thaw(claimed.source)}
             yield from self._chain(trigger, admitted, inherited)
         else:
@@ -1091,8 +1107,9 @@ class ModelAgent:
     def _decide(self, controller: _Controller, claimed: Message,
                 completion: Completion | None) -> Generator[_Wait | None, Completion | None,
                                                             list[Message] | None]:
-        """§7.7, §7.11: the admitted list ``[prompt] + additionalContexts``, or None when the
-        outcome is rejected (aborted: no warning; raise or invalid decision: a warning)."""
+        """§7.7 (R7.7), §7.11 (R7.11): the admitted list ``[prompt] + additionalContexts``, or
+        None when the outcome is rejected (aborted: no warning; raise or invalid decision: a
+        warning)."""
         if controller.reason is not None:
             return None
         if isinstance(completion, Raise):
@@ -1115,13 +1132,13 @@ class ModelAgent:
         return [prompt, *decision.additional_contexts]
 
     def _rejected(self) -> Proc:
-        """§7.10: close the window; append staged context between turns unless any steering
+        """§7.10 (R7.10): close the window; append staged context between turns unless any steering
         is staged; yield one tick; then continue-or-idle (in the caller)."""
         yield from self._reject_admission()
         yield from self._rejected_tick()
 
     def _reject_admission(self) -> Proc:
-        """§7.10 steps 1–2."""
+        """§7.10 steps 1–2 (R7.10.1–R7.10.2)."""
         self._window = False
         if not any(item.steering for item in self._outbox):
             while self._outbox:
@@ -1136,23 +1153,24 @@ class ModelAgent:
                 yield None
 
     def _rejected_tick(self) -> Proc:
-        """§7.10 step 3: one tick."""
+        """§7.10 step 3 (R7.10.3): one tick."""
         tick = self._request(TICK, purpose="rejected-admission")
         yield None
         yield _Wait(frozenset({tick}))
 
-    # -- chain: run, flush, retry, settle (§8, §12.4–§12.6, §13.3) ---------------------------
+    # -- chain: run, flush, retry, settle (§8 (R8), §12.4–§12.6 (R12.4–R12.6), §13.3 (R13.3))
 
     def _chain(self, trigger: dict[str, JsonLike], admitted: list[Message], inherited: int) -> Proc:
-        """§8.8, §12.4–§12.6, §13.3: run the turn, flush; a pending retry starts the retry
-        run (no settled, no status change); otherwise emit ``agent/settled``."""
+        """§8.8 (R8.8), §12.4–§12.6 (R12.4–R12.6), §13.3 (R13.3): run the turn, flush; a
+        pending retry starts the retry run (no settled, no status change); otherwise emit
+        ``agent/settled``."""
         self._prior_failures = []
         while True:
             started = yield from self._run(trigger, admitted, inherited)
             if not started:  # P16: no turn, so nothing to flush or settle
                 return
             yield from self._flush()
-            if self._pending_retry:  # §12.5
+            if self._pending_retry:  # §12.5 (R12.5)
                 self._pending_retry = False
                 trigger, admitted, inherited = {"kind": "retry"}, [], 0
                 continue
@@ -1161,7 +1179,7 @@ class ModelAgent:
             return
 
     def _flush(self) -> Proc:
-        """§12.4: await the flush barrier; a failure is a warning plus ``agent/error`` and
+        """§12.4 (R12.4): await the flush barrier; a failure is a warning plus ``agent/error`` and
         the work goes on."""
         effect = self._request(FLUSH, turn=self._turn)
         yield None
@@ -1174,8 +1192,9 @@ class ModelAgent:
 
     def _run(self, trigger: dict[str, JsonLike], admitted: list[Message], inherited: int
              ) -> Generator[_Wait | None, Completion | None, bool]:
-        """§8.1–§8.7: one turn. False when its turn/start could not be written (P16)."""
-        controller = self._new_controller()  # §8.1
+        """§8.1–§8.7 (R8.1–R8.7): one turn. False when its turn/start could not be written
+        (P16)."""
+        controller = self._new_controller()  # §8.1 (R8.1)
         self._owner = controller
         self._window = True
         self._turn = self.log.last_turn + 1
@@ -1184,7 +1203,7 @@ class ModelAgent:
         self._step = 0
         self._step_open = False
         try:
-            self._append(TURN_START, {"turn": self._turn, "trigger": trigger})  # §8.2
+            self._append(TURN_START, {"turn": self._turn, "trigger": trigger})  # §8.2 (R8.2)
         except Exception as error:
             # P16 case 3: the log refused the turn/start (a direct append left a turn open):
             # there is no turn; agent/error at step 0, and continue-or-idle as after a
@@ -1197,26 +1216,26 @@ class ModelAgent:
             return False
         yield None
         try:
-            limit = min(inherited, len(self._outbox))  # §8.3 step 1
+            limit = min(inherited, len(self._outbox))  # §8.3 step 1 (R8.3.1)
             yield from self._drain(limit)
-            for message in admitted:  # §8.3 step 2
+            for message in admitted:  # §8.3 step 2 (R8.3.2)
                 self._append(USER_MESSAGE, _message_json(message))
                 yield None
-            self._check(controller)  # §8.3 step 3
-            yield from self._drain(None)  # §8.3 step 4
+            self._check(controller)  # §8.3 step 3 (R8.3.3)
+            yield from self._drain(None)  # §8.3 step 4 (R8.3.4)
             yield from self._step_loop(controller)
         except _Stop as stop:
             yield from self._fail(controller, stop)
-        except Exception as error:  # P16: an internal failure fails the turn (§15.3)
+        except Exception as error:  # P16: an internal failure fails the turn (§15.3 (R15.3))
             yield from self._fail(controller, _Stop("generic", internal_error(error)))
-        self._window = False  # §8.7
+        self._window = False  # §8.7 (R8.7)
         yield from self._closing(controller, TURN_END)
         self._owner = None
         return True
 
     def _closing(self, controller: _Controller, type_: str) -> Proc:
         """P16: ``step/end`` or ``turn/end`` closing the turn. A refusal by the log becomes
-        the turn's failure (§15) and the append is tried once more; a second refusal
+        the turn's failure (§15 (R15)) and the append is tried once more; a second refusal
         propagates (and stops the model)."""
         def data() -> dict[str, JsonLike]:
             if type_ == TURN_END:
@@ -1232,27 +1251,27 @@ class ModelAgent:
         yield None
 
     def _check(self, controller: _Controller) -> None:
-        """§0.7: a signal check on an aborted signal raises an abort inside the loop."""
+        """§0.7 (R0.7): a signal check on an aborted signal raises an abort inside the loop."""
         if controller.reason is not None:
             raise _Stop("abort")
 
     def _step_loop(self, controller: _Controller) -> Proc:
-        """§8.4, §8.5: steps until the turn ends."""
+        """§8.4 (R8.4), §8.5 (R8.5): steps until the turn ends."""
         while True:
             self._step += 1
             outcome = yield from self._run_step(controller)
-            if outcome is None:  # a request failure was handled (§13.2 step 5)
+            if outcome is None:  # a request failure was handled (§13.2 step 5 (R13.2.5))
                 return
-            self._prior_failures = []  # §13.4
-            if outcome.max_tokens:  # §14.3
+            self._prior_failures = []  # §13.4 (R13.4)
+            if outcome.max_tokens:  # §14.3 (R14.3)
                 self._reason = {"kind": "max-tokens"}
             if outcome.concluded:
-                # §8.4: a concluding result leaves the loop at once, with no signal check
+                # §8.4 (R8.4): a concluding result leaves the loop at once, with no signal check
                 # (a cancel at that step/end does not change the reason, as in the original).
                 return
             if outcome.continue_turn or any(item.steering for item in self._outbox):
                 continue
-            effect = self._request(TURN_STOPPING, turn=self._turn,  # §8.5
+            effect = self._request(TURN_STOPPING, turn=self._turn,  # §8.5 (R8.5)
                                    signal=controller.signal)
             yield None
             completion = yield _Wait(frozenset({effect}))
@@ -1260,33 +1279,33 @@ class ModelAgent:
                 raise _raised(completion.error)
             self._check(controller)
             took_steering = yield from self._drain(None)
-            if not took_steering:  # §8.5: leave the loop (no further check)
+            if not took_steering:  # §8.5 (R8.5): leave the loop (no further check)
                 return
 
     def _fail(self, controller: _Controller, stop: _Stop) -> Proc:
-        """§8.6: close an open step, then classify (§15)."""
+        """§8.6 (R8.6): close an open step, then classify (§15 (R15))."""
         if self._step_open:
             yield from self._closing(controller, STEP_END)
         yield from self._classify(controller, stop)
 
     def _classify(self, controller: _Controller, stop: _Stop) -> Proc:
-        """§15.1–§15.3: abort, request failure or other failure; set the durable and the
-        settle reason and emit ``agent/error`` unless aborted."""
-        if controller.reason is not None:  # §15.1
+        """§15.1–§15.3 (R15.1–R15.3): abort, request failure or other failure; set the durable
+        and the settle reason and emit ``agent/error`` unless aborted."""
+        if controller.reason is not None:  # §15.1 (R15.1)
             kind = "disposed" if controller.reason.kind == "disposed" else "aborted"
             self._reason = {"kind": kind}
             self._settle = {"kind": "aborted"}
             return
         error = stop.error
         assert error is not None
-        if stop.kind == "request":  # §15.2
+        if stop.kind == "request":  # §15.2 (R15.2)
             failure = stop.failure
             assert failure is not None
             self._reason = {"kind": "error", "step": self._step,
                             "failure": failure.with_message(error.rendered()).to_json()}
             self._settle = {"kind": "error", "error": error.to_json(),
                             "failure": self._reason["failure"]}
-        else:  # §15.3
+        else:  # §15.3 (R15.3)
             self._reason = {"kind": "error", "step": self._step, "message": error.rendered()}
             if error.code is not None:
                 self._reason["code"] = error.code
@@ -1294,11 +1313,11 @@ class ModelAgent:
         self._live(ERROR, turn=self._turn, step=self._step, error=error.to_json())
         yield None
 
-    # -- drains (§11) -------------------------------------------------------------------
+    # -- drains (§11 (R11)) ----------------------------------------------------------------
 
     def _drain(self, limit: int | None) -> Generator[_Wait | None, Completion | None, bool]:
-        """§11.1: take outbox items from the front until it is empty (a fixed point, D3) or
-        the limit is taken (the inherited drain, §8.3 step 1). Steering: dequeue
+        """§11.1 (R11.1): take outbox items from the front until it is empty (a fixed point, D3) or
+        the limit is taken (the inherited drain, §8.3 step 1 (R8.3.1)). Steering: dequeue
         notification, then ``steering/message``; context: ``user/message``. Reports
         whether any steering item was taken."""
         took_steering = False
@@ -1321,20 +1340,21 @@ class ModelAgent:
                 yield None
         return took_steering
 
-    # -- step (§9) --------------------------------------------------------------------------
+    # -- step (§9 (R9)) --------------------------------------------------------------------
 
     def _run_step(self, controller: _Controller) -> Generator[_Wait | None, Completion | None,
                                                              _StepOutcome | None]:
-        """§9.1–§9.10: one step. Returns None after a request failure was handled (§13.2)."""
+        """§9.1–§9.10 (R9.1–R9.10): one step. Returns None after a request failure was handled
+        (§13.2 (R13.2))."""
         turn, step, signal = self._turn, self._step, controller.signal
-        effect = self._request(STEP_HOOK, turn=turn, step=step, signal=signal)  # §9.1
+        effect = self._request(STEP_HOOK, turn=turn, step=step, signal=signal)  # §9.1 (R9.1)
         yield None
         completion = yield _Wait(frozenset({effect}))
         if isinstance(completion, Raise):
             raise _raised(completion.error)
         self._check(controller)
-        yield from self._drain(None)  # §9.2
-        effect = self._request(SYSTEM_PROMPT, turn=turn, step=step, signal=signal)  # §9.3
+        yield from self._drain(None)  # §9.2 (R9.2)
+        effect = self._request(SYSTEM_PROMPT, turn=turn, step=step, signal=signal)  # §9.3 (R9.3)
         yield None
         completion = yield _Wait(frozenset({effect}))
         if isinstance(completion, Raise):
@@ -1346,12 +1366,12 @@ class ModelAgent:
             raise _generic(str(exc), "InvalidSystemPromptError",
                            "INVALID_SYSTEM_PROMPT") from None
         self._check(controller)
-        history_end = len(self.log)  # §9.4
-        self._append(STEP_START, {"turn": turn, "step": step})  # §9.5
+        history_end = len(self.log)  # §9.4 (R9.4)
+        self._append(STEP_START, {"turn": turn, "step": step})  # §9.5 (R9.5)
         self._step_open = True
         yield None
         self._check(controller)
-        header = yield from self._build_request(controller, system)  # §9.6
+        header = yield from self._build_request(controller, system)  # §9.6 (R9.6)
         try:
             content, usage, seqs, finish = yield from self._stream(controller, header,
                                                                    history_end)
@@ -1361,7 +1381,7 @@ class ModelAgent:
             yield from self._request_failure(controller, stop)
             return None
         finish_kind = finish["kind"]
-        if finish_kind == "max-tokens":  # §9.8, §14.1
+        if finish_kind == "max-tokens":  # §9.8 (R9.8), §14.1 (R14.1)
             content = [b for b in content
                        if not (isinstance(b, FrozenDict) and b.get("type") == "tool-call")]
         config = header["config"]
@@ -1369,7 +1389,8 @@ class ModelAgent:
         seq = len(self.log)
         source: dict[str, JsonLike] = {"kind": "model", "provider": config["provider"],
                                        "model": config["model"]}
-        if "replayState" in finish:  # §1.4, §9.8: the adapter's replay state rides the source
+        # §1.4 (V4), §9.8 (R9.8): the adapter's replay state rides the source
+        if "replayState" in finish:
             source["replayState"] = finish["replayState"]
         frozen_source = freeze(source, "source")
         assert isinstance(frozen_source, FrozenDict)
@@ -1383,9 +1404,9 @@ class ModelAgent:
         calls = [b for b in message.content
                  if isinstance(b, FrozenDict) and b.get("type") == "tool-call"]
         concluded = False
-        if calls:  # §9.9
+        if calls:  # §9.9 (R9.9)
             concluded = yield from self._batch(controller, calls)
-        took_steering = yield from self._drain(None)  # §9.10
+        took_steering = yield from self._drain(None)  # §9.10 (R9.10)
         self._append(STEP_END, {"turn": turn, "step": step})
         self._step_open = False
         yield None
@@ -1394,13 +1415,13 @@ class ModelAgent:
 
     def _build_request(self, controller: _Controller, system: Frozen
                        ) -> Generator[_Wait | None, Completion | None, FrozenDict]:
-        """§9.6, P13: the seed config, the request effect (request extension point and
+        """§9.6 (R9.6), P13: the seed config, the request effect (request extension point and
         preparation), validation of the header, and the ``request/header`` append."""
         if not self._header_logged:
             seed: JsonLike = dict(self.config.request_options)
         else:
             # A header appended by extension code may lack a config: the seed is then an
-            # empty config (project choice; §9.6 assumes one).
+            # empty config (project choice; §9.6 (R9.6) assumes one).
             last = self.log.last_header
             seed = last.get("config", FrozenDict()) if last is not None else FrozenDict()
         effect = self._request(REQUEST, turn=self._turn, step=self._step,
@@ -1435,9 +1456,9 @@ class ModelAgent:
     def _stream(self, controller: _Controller, header: FrozenDict, history_end: int
                 ) -> Generator[_Wait | None, Completion | None,
                                tuple[list[Frozen], Frozen, list[int], FrozenDict]]:
-        """§9.7, P5, P12: consume the model stream chunk by chunk: check the signal,
+        """§9.7 (R9.7), P5, P12: consume the model stream chunk by chunk: check the signal,
         validate, append ``assistant/chunk``, fold. Returns the folded content, the usage
-        (of the last usage chunk, §9.8), the chunk seqs and the finish chunk; raises a
+        (of the last usage chunk, §9.8 (R9.8)), the chunk seqs and the finish chunk; raises a
         request failure or a generic failure."""
         effect = self._request(MODEL, history_end=history_end, turn=self._turn, step=self._step,
                                signal=controller.signal, header=header, historyEnd=history_end)
@@ -1461,7 +1482,7 @@ class ModelAgent:
                                    "InvalidChunkError", "INVALID_CHUNK")
                 break
             assert isinstance(completion, Chunk)
-            if controller.reason is not None:  # step 1
+            if controller.reason is not None:  # §9.7 step 1 (R9.7.1)
                 self._release(effect)
                 yield None
                 raise _Stop("abort")
@@ -1470,7 +1491,7 @@ class ModelAgent:
                 yield None
                 raise _generic("a chunk arrived after the finish chunk", "InvalidChunkError",
                                "INVALID_CHUNK")
-            try:  # step 2
+            try:  # §9.7 step 2 (R9.7.2)
                 chunk = validate_chunk(completion.chunk)
                 problem = _chunk_problem(chunk)
             except ValidationError as exc:
@@ -1481,10 +1502,10 @@ class ModelAgent:
                 raise _generic(problem, "InvalidChunkError", "INVALID_CHUNK")
             assert chunk is not None
             event = self._append(ASSISTANT_CHUNK, {"turn": self._turn, "step": self._step,
-                                                   "chunk": chunk})  # step 3
+                                                   "chunk": chunk})  # §9.7 step 3 (R9.7.3)
             seqs.append(event.seq)
             yield None
-            chunk_type = chunk["type"]  # step 4: fold (P12)
+            chunk_type = chunk["type"]  # §9.7 step 4 (R9.7.4): fold (P12)
             if chunk_type in ("text", "reasoning"):
                 text = chunk["text"]
                 assert isinstance(text, str)
@@ -1509,7 +1530,7 @@ class ModelAgent:
                 previous_type = chunk_type  # chunks that carry no content do not break a run
         kind = finish["kind"]
         assert isinstance(kind, str)
-        if kind in ("error", "aborted"):  # a request failure (§9.7, §13.1)
+        if kind in ("error", "aborted"):  # a request failure (§9.7 (R9.7), §13.1 (R13.1))
             raw = finish.get("failure")
             facts = (LlmFailure.from_json(raw) if raw is not None
                      else LlmFailure("model request aborted", "ABORTED"))
@@ -1518,8 +1539,8 @@ class ModelAgent:
         return content, usage, seqs, finish
 
     def _request_failure(self, controller: _Controller, stop: _Stop) -> Proc:
-        """§13.2: ``step/end``; request-error unless aborted; a retry only if still not
-        aborted; a raise is a warning; classify (§15); leave the step loop."""
+        """§13.2 (R13.2): ``step/end``; request-error unless aborted; a retry only if still not
+        aborted; a raise is a warning; classify (§15 (R15)); leave the step loop."""
         error, failure = stop.error, stop.failure
         assert error is not None and failure is not None
         self._append(STEP_END, {"turn": self._turn, "step": self._step})
@@ -1539,23 +1560,23 @@ class ModelAgent:
                 assert isinstance(completion, Resolve)
                 if retry_action_from_json(completion.value) and controller.reason is None:
                     self._pending_retry = True
-        self._prior_failures.append(failure)  # §13.3: the earlier failures, then this one
+        self._prior_failures.append(failure)  # §13.3 (R13.3): the earlier failures, then this one
         yield from self._classify(controller, stop)
 
-    # -- tool batch (§10) ---------------------------------------------------------------
+    # -- tool batch (§10 (R10)) ------------------------------------------------------------
 
     def _is_parallel(self, call: _Call) -> bool:
-        """§10.2, P11: a call is parallel-safe when ``tool_modes`` says ``parallel``;
+        """§10.2 (R10.2), P11: a call is parallel-safe when ``tool_modes`` says ``parallel``;
         unknown names are exclusive."""
         return self.config.tool_modes.get(call.name) == "parallel"
 
     def _batch(self, controller: _Controller, blocks: list[FrozenDict]
                ) -> Generator[_Wait | None, Completion | None, bool]:
-        """§10.1–§10.11 (with the project's effect realization): groups, ordered prepare,
-        overlapping execute, model-ordered commit, abort pairs and batch failure.
-        Returns whether a result concluded the turn."""
+        """§10.1–§10.11 (R10.1–R10.11) (with the project's effect realization): groups,
+        ordered prepare, overlapping execute, model-ordered commit, abort pairs and batch
+        failure. Returns whether a result concluded the turn."""
         calls: list[_Call] = []
-        for block in blocks:  # §10.1
+        for block in blocks:  # §10.1 (R10.1)
             call_id, name, arguments = block["id"], block["name"], block["arguments"]
             assert isinstance(call_id, str) and isinstance(name, str)
             assert isinstance(arguments, str)
@@ -1563,16 +1584,16 @@ class ModelAgent:
         state = _BatchState(calls)
         while (state.next_start < len(calls) and state.failed_at() is None
                and controller.reason is None):
-            # §10.2: a new group. An exclusive call is a group of one; a parallel-safe call
+            # §10.2 (R10.2): a new group. An exclusive call is a group of one; a parallel-safe call
             # opens a pool over the following calls while they stay parallel-safe.
             in_pool = self._is_parallel(calls[state.next_start])
             limit = self.config.max_parallel_tool_calls if in_pool else 1
             group_start = state.next_start
             group_open = True
             while True:
-                # §10.2/§10.3, R10.2: start calls up to the limit, committing what can be
-                # committed after each start (as the original's pool does);
-                # §10.7/§10.9: no start once aborted or failed.
+                # §10.2 (R10.2), §10.3 (R10.3): start calls up to the limit, committing what
+                # can be committed after each start (as the original's pool does);
+                # §10.7 (R10.7), §10.9 (R10.9): no start once aborted or failed.
                 while (group_open and state.failed_at() is None and controller.reason is None
                        and state.inflight() < limit and state.next_start < len(calls)):
                     call = calls[state.next_start]
@@ -1591,11 +1612,11 @@ class ModelAgent:
                 yield from self._settle_one(controller, state)  # calls already dispatched are awaited
                 yield from self._commit_ready(controller, state)
         failed_at = state.failed_at()
-        if failed_at is not None:  # §10.9
+        if failed_at is not None:  # §10.9 (R10.9)
             error = calls[failed_at].error
             assert error is not None
             raise _Stop("generic", error)  # only an invalid value fails a batch (R10.9, D5)
-        if controller.reason is not None:  # §10.7: synthetic pairs for every unstarted call
+        if controller.reason is not None:  # §10.7 (R10.7): synthetic pairs for every unstarted call
             for call in calls[state.next_start:]:
                 call_event = self._append(TOOL_CALL, self._call_data(call))
                 call.call_seq = call_event.seq
@@ -1606,7 +1627,7 @@ class ModelAgent:
         return state.concluded
 
     def _call_data(self, call: _Call) -> dict[str, JsonLike]:
-        """§2: ``tool/call {turn, step, callId, name, arguments}``."""
+        """§2 (E1): ``tool/call {turn, step, callId, name, arguments}``."""
         return {"turn": self._turn, "step": self._step, "callId": call.call_id,
                 "name": call.name, "arguments": call.arguments}
 
@@ -1617,7 +1638,7 @@ class ModelAgent:
 
     @staticmethod
     def _validate_result(call: _Call, value: JsonLike) -> ToolResult | None:
-        """§1.19, §10.9, D5: a tool result is validated when it is supplied; an invalid
+        """§1.19 (V16), §10.9 (R10.9), D5: a tool result is validated when it is supplied; an invalid
         one fails the call (code ``INVALID_TOOL_RESULT``)."""
         try:
             return ToolResult.from_json(value)
@@ -1628,7 +1649,7 @@ class ModelAgent:
             return None
 
     def _start(self, controller: _Controller, state: _BatchState) -> Proc:
-        """§10.3 read with the original (R10.3): append ``tool/call``; if the signal is
+        """§10.3 (R10.3) read with the original: append ``tool/call``; if the signal is
         already aborted the call gets the aborted-before-dispatch result and no stage runs;
         otherwise prepare alone: a raise is the call's final error result, a value its final
         result, ``null`` goes on; then the signal check: aborted → not dispatched
@@ -1665,7 +1686,7 @@ class ModelAgent:
         yield None
 
     def _settle_one(self, controller: _Controller, state: _BatchState) -> Proc:
-        """§10.2, R10.2, P6: take one dispatched call whose body has settled, the earliest
+        """§10.2 (R10.2), P6: take one dispatched call whose body has settled, the earliest
         started (as ``Promise.race`` over the pool picks the first settled in insertion order);
         if none has, wait for the next settlement, and take with it every settlement that has
         arrived (their calls settle before the batch goes on, as resolved promises do)."""
@@ -1690,7 +1711,7 @@ class ModelAgent:
             self._absorb(controller, state, completion)
 
     def _absorb(self, controller: _Controller, state: _BatchState, completion: Completion) -> None:
-        """§10.11, R10.3 step 5: a body's settlement. A raise stands for an error result
+        """§10.11 (R10.11), R10.3.5: a body's settlement. A raise stands for an error result
         (R10.12); a valid success that settles while the signal is aborted is replaced by the
         aborted result before finalize sees it (the original replaces it at dispatch); an
         invalid value fails the call (D5)."""
@@ -1707,7 +1728,7 @@ class ModelAgent:
         call.result, call.state = result, "settled"
 
     def _commit_ready(self, controller: _Controller, state: _BatchState) -> Proc:
-        """§10.4, §10.9: commit settled calls strictly in model order; stop at the first
+        """§10.4 (R10.4), §10.9 (R10.9): commit settled calls strictly in model order; stop at the first
         call that is not settled, and never commit the failing call or a later one."""
         while state.next_commit < state.next_start:
             failed_at = state.failed_at()
@@ -1723,12 +1744,12 @@ class ModelAgent:
 
     def _commit(self, controller: _Controller, state: _BatchState, call: _Call
                 ) -> Generator[_Wait | None, Completion | None, bool]:
-        """§10.4 steps 1–5 read with the original (R10.4): finalize every result that is not
-        final, handing it the normalized result; a raise there stands for an error result, a
-        success finalized while the signal is aborted becomes the aborted result again
-        (ABORTED if dispatched, else aborted-before-dispatch) with the finalized contexts;
-        then append ``tool/result``, stage contexts, note ``concludesTurn``. False if the
-        call failed."""
+        """§10.4 steps 1–5 (R10.4.1–R10.4.5) read with the original: finalize every result
+        that is not final, handing it the normalized result; a raise there stands for an
+        error result, a success finalized while the signal is aborted becomes the aborted
+        result again (ABORTED if dispatched, else aborted-before-dispatch) with the finalized
+        contexts; then append ``tool/result``, stage contexts, note ``concludesTurn``. False
+        if the call failed."""
         result = call.result
         assert result is not None
         if not call.final:
@@ -1764,20 +1785,20 @@ class ModelAgent:
             data["meta"] = result.meta
         self._append(TOOL_RESULT, data, source_event_seqs=[call.call_seq])
         yield None
-        if result.concludes_turn and not result.is_error:  # §10.6
+        if result.concludes_turn and not result.is_error:  # §10.6 (R10.6)
             state.concluded = True
-        for context in result.additional_contexts:  # §10.4 step 4
+        for context in result.additional_contexts:  # §10.4 step 4 (R10.4.4)
             self._outbox.append(_Staged(context, steering=False))
         call.state = "committed"
         return True
 
     def _tool_message(self, call: _Call, content: list[dict[str, JsonLike]]) -> dict[str, JsonLike]:
-        """§10.4 step 3: a new tool-result message, id ``tool-result-<seq>`` (P12)."""
+        """§10.4 step 3 (R10.4.3): a new tool-result message, id ``tool-result-<seq>`` (P12)."""
         return {"id": minted_id(self._mint, "tool-result", len(self.log)), "role": "user",
                 "content": content, "source": {"kind": "tool", "callId": call.call_id}}
 
     def _append_synthetic(self, call: _Call, code: str, text: str) -> None:
-        """§10.10, §10.11: the synthetic aborted results (``AbortError``)."""
+        """§10.10 (R10.10), §10.11 (R10.11): the synthetic aborted results (``AbortError``)."""
         block = {"type": "tool-result", "toolCallId": call.call_id,
                  "content": [{"type": "text", "text": text}], "isError": True}
         self._append(TOOL_RESULT, {"turn": self._turn, "step": self._step,
@@ -1788,7 +1809,7 @@ class ModelAgent:
 
 @dataclass
 class _BatchState:
-    """The progress of one tool batch (§10)."""
+    """The progress of one tool batch (§10 (R10))."""
 
     calls: list[_Call]
     next_start: int = 0
@@ -1796,7 +1817,7 @@ class _BatchState:
     concluded: bool = False
 
     def inflight(self) -> int:
-        """§10.2, R10.2: calls in flight: dispatched and not yet taken by the batch (a call
+        """§10.2 (R10.2): calls in flight: dispatched and not yet taken by the batch (a call
         whose body has settled still counts until then, as the original's pool counts it)."""
         return sum(1 for call in self.calls if call.dispatched and not call.taken)
 
@@ -1806,7 +1827,7 @@ class _BatchState:
                          if call.state == "inflight" and call.execute_effect is not None)
 
     def failed_at(self) -> int | None:
-        """§10.9: the first failing call in model order (its failure propagates, and it and
+        """§10.9 (R10.9): the first failing call in model order (its failure propagates, and it and
         every later call get no tool/result)."""
         for index, call in enumerate(self.calls):
             if call.state == "failed":
