@@ -8,6 +8,10 @@
   copied from ``specs/`` into ``machine/_specs/`` of the built package, at build time, so a
   wheel (and the wheel built from the sdist, which carries ``specs/``) is self-contained. An
   editable install copies nothing: it reads ``specs/`` in the checkout (``machine/specfiles.py``).
+
+The corpus's authoring code (``machine/conformance/corpus/``, which writes the vectors and
+the example logs of ``specs/``) ships too, with its data file ``original-steps.tsv``: in a
+wheel, ``python -m machine.conformance.corpus --check`` checks the shipped corpus.
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ class BuildWithSpecs(build_py):
 setup(
     packages=[*find_packages(include=["machine", "machine.*"]), "machine._model"],
     package_dir={"machine._model": "model"},
-    package_data={"machine": ["py.typed"], "machine._model": ["py.typed"]},
+    package_data={"machine": ["py.typed"], "machine._model": ["py.typed"],
+                  # what machine.conformance.corpus.build reads (importlib.resources)
+                  "machine.conformance.corpus": ["original-steps.tsv"]},
     cmdclass={"build_py": BuildWithSpecs},
 )

@@ -10,12 +10,13 @@ sample's kill rate per module (specs/ASSURANCE.md, "Mutation score").
     python .ci/mutation_sample.py pick --fraction 0.12 --seed 2026 > mutants/sample.json
     mutmut run $(python .ci/mutation_sample.py names mutants/sample.json)
     python .ci/mutation_sample.py estimate mutants/sample.json \
-        --killed specs/mutation/killed-*.txt --equivalent specs/mutation/equivalent-*.md
+        --killed bench/mutation/killed-*.txt --equivalent bench/mutation/equivalent-*.md
 
 ``--killed`` files name survivors that tests added after the run kill (each verified by
 running the new test with ``MUTANT_UNDER_TEST=NAME`` in ./mutants); they count as
 detected. ``--equivalent`` files name survivors judged equivalent (with the reason);
-they leave the count, in the evaluated part and in the sample alike.
+they leave the count, in the evaluated part and in the sample alike. Those records, the
+sample plan and the estimate live in bench/mutation/ (``make mutation-sample`` writes them).
 """
 
 from __future__ import annotations

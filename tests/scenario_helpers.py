@@ -1,4 +1,4 @@
-"""Shared helpers for the reference-scenario tests (scenarios.md) and the §19 reentrancy matrix.
+"""The test harness for scripted scenarios: the §19 reentrancy sweep, scenario variants, rule tests.
 
 `Scenario` wraps one `AgentCore` with the scripted `Driver` and `ScriptedEnvironment`
 and adds:
@@ -8,15 +8,20 @@ and adds:
   live observer, which may issue commands at exactly that output); ``handle(kind, fn)``
   installs a hook point (an environment handler for that effect kind); ``hold(kind)``
   makes the environment hold an effect so the test answers it later;
-* renderers in the scenario notation: ``log()`` renders the durable log as tokens such as
-  ``TS(1,msg:user) UM('hi') SS(1.1) RH(initial) CH… AM(1.1;'hello there') SE(1.1)
+* views in the scenario notation, rendered by `machine.conformance.authoring` (the one
+  renderer, shared with the conformance corpus): ``log()`` renders the durable log as tokens
+  such as ``TS(1,msg:user) UM('hi') SS(1.1) RH(initial) CH… AM(1.1;'hello there') SE(1.1)
   TE(1,completed)`` and ``trace()`` renders outputs in order (live notifications, and the
   durable events and effects asked for);
-* `L`, which splits a notation string into tokens, so a test asserts
-  ``s.log() == L("TS(1,msg:user) UM('hi') ...")``;
-* ``check()``, which asserts the invariants that hold for every scenario (contiguous seqs,
-  the ``sourceEventSeqs`` of every AM and TR, the canonical synthetic tool results, balanced
-  steps, status alternation, inbox conservation).
+* `L` (`machine.conformance.authoring.notation`), which splits a notation string into tokens,
+  so a test asserts ``s.log() == L("TS(1,msg:user) UM('hi') ...")``;
+* ``check()``, which asserts the invariants that hold for every scenario (`check_log`:
+  contiguous seqs, the ``sourceEventSeqs`` of every AM and TR, the canonical synthetic tool
+  results, balanced steps; and status alternation, inbox conservation).
+
+The reference scenarios themselves are written once, in ``machine/conformance/corpus/``
+(``tests/test_scenarios.py`` plays them); this harness serves the tests that play other
+scripts (``tests/test_scenario_variants.py``, ``tests/test_reentrancy.py``, the rule files).
 
 Observer failures are the driver's business in the sans-I/O design: the core never sees
 them. ``observe(..., contained=True)`` contains a raising observer the way a driver would
@@ -30,33 +35,34 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from machine.conformance.authoring import (
+    check_log,
+    event_token,
+    live_token,
+    log_tokens,
+    message_label,
+    notation,
+    reason_label,
+    reply,
+    source,
+    text_of,
+    trace_tokens,
+)
 from machine.core import AgentCore, CoreConfig
 from machine.events import Event
-from machine.io import Durable, Effect, Live, Output
-from machine.jsonvalue import FrozenDict, FrozenList, JsonLike, thaw
+from machine.io import Effect, Output
+from machine.jsonvalue import FrozenDict, JsonLike, thaw
 from machine.log import SessionLog
 from machine.scripted import HOLD, Driver, ScriptedEnvironment, ok_result, text_reply
 from machine.vocabulary import ErrorInfo, Message
 
 # --------------------------------------------------------------------------
-# Sources and messages
+# Messages; the notation is machine.conformance.authoring's (the one renderer)
 # --------------------------------------------------------------------------
 
 USER: dict[str, JsonLike] = {"kind": "user"}
-
-
-def source(spec: str | Mapping[str, JsonLike] | None) -> dict[str, JsonLike]:
-    """``None``/``'user'`` → {kind:'user'}; ``'plugin:NAME'`` → {kind:'plugin', plugin:NAME};
-    any other string is a bare kind; a mapping is copied."""
-    if spec is None or spec == "user":
-        return dict(USER)
-    if isinstance(spec, str):
-        if spec.startswith("plugin:"):
-            return {"kind": "plugin", "plugin": spec[len("plugin:"):]}
-        return {"kind": spec}
-    return dict(spec)
-
-
+L = notation
+message_text = text_of
 _ids = itertools.count(1)
 
 
@@ -76,258 +82,12 @@ def as_msg(value: str | Mapping[str, JsonLike] | Message,
 
 def reply_text(text: str, *, finish: str = "stop", usage: JsonLike = None) -> list[JsonLike]:
     """A text reply with the given finish kind (and a usage chunk before it, rule V18)."""
-    chunks: list[JsonLike] = [{"type": "text", "text": text}]
-    if usage is not None:
-        chunks.append({"type": "usage", "usage": usage})
-    chunks.append({"type": "finish", "kind": finish})
-    return chunks
+    return reply(text, finish=finish, usage=usage)
 
 
 def result_with_contexts(text: str, *contexts: Mapping[str, JsonLike], **extra: JsonLike
                          ) -> dict[str, JsonLike]:
     return ok_result(text, additionalContexts=[dict(c) for c in contexts], **extra)
-
-
-# --------------------------------------------------------------------------
-# The notation
-# --------------------------------------------------------------------------
-
-_OPEN = "([{⟨"
-_CLOSE = ")]}⟩"
-
-
-def L(notation: str) -> list[str]:
-    """Split a notation string into tokens: whitespace separates tokens only outside
-    quotes and brackets, so ``UM('file changed: a.ts';plugin:watcher)`` is one token.
-    Whitespace right after ``;`` or ``,`` inside brackets is dropped, so the scenario
-    spelling ``TS(1, msg:user)`` and the rendered ``TS(1,msg:user)`` agree."""
-    tokens: list[str] = []
-    current: list[str] = []
-    depth = 0
-    quoted = False
-    for ch in notation:
-        if ch == "'":
-            quoted = not quoted
-        elif not quoted:
-            if ch in _OPEN:
-                depth += 1
-            elif ch in _CLOSE:
-                depth -= 1
-            elif ch.isspace():
-                if depth == 0:
-                    if current:
-                        tokens.append("".join(current))
-                        current = []
-                    continue
-                if current and current[-1] in ";,":
-                    continue
-        current.append(ch)
-    if current:
-        tokens.append("".join(current))
-    assert depth == 0 and not quoted, f"unbalanced notation: {notation!r}"
-    return tokens
-
-
-def _q(text: str) -> str:
-    return f"'{text}'"
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{k}:{_fmt(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_fmt(v) for v in value) + "]"
-    if isinstance(value, str):
-        return _q(value)
-    return str(value)
-
-
-def source_label(src: Mapping[str, Any]) -> str:
-    kind = src.get("kind")
-    if kind == "plugin" and set(src) == {"kind", "plugin"}:
-        return f"plugin:{src['plugin']}"
-    return str(kind)
-
-
-def content_label(content: Sequence[Any]) -> str:
-    """``'text'`` for text blocks, ``call ID`` for tool calls, ``TR:ID`` for tool results,
-    joined by ``+``; ``[]`` when empty."""
-    parts: list[str] = []
-    for block in content:
-        kind = block.get("type")
-        if kind == "text":
-            parts.append(_q(str(block.get("text"))))
-        elif kind == "tool-call":
-            parts.append(f"call {block.get('id')}")
-        elif kind == "tool-result":
-            parts.append(f"TR:{block.get('toolCallId')}")
-        else:
-            parts.append(str(kind))
-    return "+".join(parts) if parts else "[]"
-
-
-def message_label(message: Mapping[str, Any] | Message) -> str:
-    """A request/history message: its content label, with ``;SOURCE`` for non-user sources
-    of user-role messages (assistant and tool-result messages are recognisable by content)."""
-    m = message.to_json() if isinstance(message, Message) else thaw(message)
-    label = content_label(m["content"])
-    if m["role"] == "user" and m["source"].get("kind") not in ("user", "tool"):
-        label += ";" + source_label(m["source"])
-    return label
-
-
-def message_text(message: Mapping[str, Any] | Message) -> str:
-    m = message.to_json() if isinstance(message, Message) else thaw(message)
-    return "".join(str(b.get("text", "")) for b in m["content"] if b.get("type") == "text")
-
-
-def reason_label(reason: Mapping[str, Any]) -> str:
-    kind = reason["kind"]
-    if kind != "error":
-        return str(kind)
-    fields: list[str] = []
-    for key in ("step", "message", "code"):
-        if key in reason:
-            fields.append(f"{key}:{_fmt(reason[key])}")
-    if "failure" in reason:
-        failure = reason["failure"]
-        ordered = {k: failure[k] for k in ("message", "code", "status", "providerRetryAfterMs",
-                                             "requestId") if k in failure}
-        fields.append(f"failure:{_fmt(ordered)}")
-    return "error{" + ",".join(fields) + "}"
-
-
-TAGS: dict[str, str] = {
-    "turn/start": "TS", "turn/end": "TE", "step/start": "SS", "step/end": "SE",
-    "user/message": "UM", "steering/message": "STM", "request/header": "RH",
-    "assistant/chunk": "CH", "assistant/message": "AM", "tool/call": "TC", "tool/result": "TR",
-}
-
-
-def event_token(event: Event) -> str:
-    d = thaw(event.data)
-    t = event.type
-    if t == "turn/start":
-        trigger = d["trigger"]
-        if trigger["kind"] == "message":
-            return f"TS({d['turn']},msg:{trigger['source']['kind']})"
-        return f"TS({d['turn']},{trigger['kind']})"
-    if t == "turn/end":
-        return f"TE({d['turn']},{reason_label(d['reason'])})"
-    if t in ("step/start", "step/end"):
-        return f"{TAGS[t]}({d['turn']}.{d['step']})"
-    if t == "user/message":
-        label = content_label(d["content"])
-        if d["source"] != USER:
-            label += ";" + source_label(d["source"])
-        return f"UM({label})"
-    if t == "steering/message":
-        m = d["message"]
-        return f"STM({d['turn']};{content_label(m['content'])};{source_label(m['source'])})"
-    if t == "request/header":
-        return f"RH({d['reason']})"
-    if t == "assistant/chunk":
-        return "CH"
-    if t == "assistant/message":
-        return f"AM({d['turn']}.{d['step']};{content_label(d['message']['content'])})"
-    if t == "tool/call":
-        return f"TC({d['turn']}.{d['step']};{d['callId']})"
-    if t == "tool/result":
-        error = d.get("error")
-        if error is None:
-            block = d["message"]["content"][0]
-            outcome = "ERR" if block.get("isError") else "ok"
-        elif error.get("code") == "ABORTED_BEFORE_DISPATCH":
-            outcome = "ERR ABD"
-        elif error.get("code") == "ABORTED":
-            outcome = "ERR ABORTED"
-        else:
-            outcome = f"ERR {error.get('code', error.get('name'))}"
-        return f"TR({d['turn']}.{d['step']};{d['message']['content'][0]['toolCallId']};{outcome})"
-    return t
-
-
-def log_tokens(events: Sequence[Event], *, collapse_chunks: bool = True) -> list[str]:
-    """The log in the scenario notation. A run of chunks that ends with the finish chunk is
-    ``CH…``; chunks of an unfinished stream are one ``CH`` each."""
-    tokens: list[str] = []
-    i = 0
-    while i < len(events):
-        event = events[i]
-        if collapse_chunks and event.type == "assistant/chunk":
-            j = i
-            while j < len(events) and events[j].type == "assistant/chunk":
-                j += 1
-            run = events[i:j]
-            if run[-1].data["chunk"]["type"] == "finish":
-                tokens.append("CH…")
-            else:
-                tokens.extend("CH" for _ in run)
-            i = j
-            continue
-        tokens.append(event_token(event))
-        i += 1
-    return tokens
-
-
-def _messages_label(messages: Iterable[Any]) -> str:
-    return ",".join(message_text(m) for m in messages)
-
-
-def live_token(live: Live) -> str:
-    p = thaw(live.event.payload)
-    t = live.event.type
-    if t in ("agent/inbox/enqueue", "agent/inbox/dequeue"):
-        short = "enq" if t.endswith("enqueue") else "deq"
-        return f"{short}({message_text(p['message'])},{p['placement'][0]})"
-    if t == "agent/inbox/discard":
-        return f"disc[{_messages_label(p['messages'])}]"
-    if t == "agent/context/discard":
-        return f"ctxdisc[{_messages_label(p['messages'])}]"
-    if t == "agent/status":
-        return str(p["status"])
-    if t == "agent/cancel-requested":
-        return f"cancel-req({p['cause']['kind']})"
-    if t == "agent/settled":
-        return f"settled({p['turn']},{p['reason']['kind']})"
-    if t == "agent/error":
-        return f"error({p['turn']},{p['step']},{_q(p['error']['message'])})"
-    if t == "agent/warning":
-        return f"warn({p['text']})"
-    if t == "agent/session-start":
-        return f"session-start({p['source']})"
-    return t
-
-
-def effect_token(effect: Effect) -> str:
-    p = thaw(effect.payload)
-    k = effect.kind
-    if k == "flush":
-        return f"flush({p['turn']})"
-    if k == "tick":
-        return f"tick({p['purpose']})"
-    if k == "prompt-submit":
-        return "⟨prompt-submit⟩"
-    if k == "turn-stopping":
-        return f"⟨turn-stopping {p['turn']}⟩"
-    if k in ("tool-prepare", "tool-execute", "tool-finalize"):
-        return f"⟨{k[5:]} {p['callId']}⟩"
-    return f"⟨{k} {p['turn']}.{p['step']}⟩"
-
-
-PUBLICATION = frozenset({"session/created", "agent/created", "agent/session-start"})
-
-
-def output_token(output: Output) -> str:
-    if isinstance(output, Durable):
-        return f"[{event_token(output.event)}]"
-    if isinstance(output, Live):
-        return live_token(output)
-    if isinstance(output, Effect):
-        return effect_token(output)
-    if output.kind == "abort":
-        return f"abort({output.payload['reason']['kind']})"
-    return "release"
 
 
 # --------------------------------------------------------------------------
@@ -466,26 +226,12 @@ class Scenario:
     def trace(self, durable: Iterable[str] | str = (), effects: Iterable[str] | str = (),
               *, controls: bool = False, publication: bool = False,
               since: int = 0) -> list[str]:
-        """Outputs in order: every live notification (publication notices only if asked),
-        the durable events whose tags are in *durable* (``'*'`` for all), the effects whose
-        kinds are in *effects* (``'*'`` for all) and, if asked, the control outputs."""
-        tags = set(TAGS.values()) if durable == "*" else set(durable)
-        kinds = None if effects == "*" else set(effects)
-        tokens: list[str] = []
-        for output in self.outputs[since:]:
-            if isinstance(output, Live):
-                if output.event.type in PUBLICATION and not publication:
-                    continue
-            elif isinstance(output, Durable):
-                if TAGS.get(output.event.type, output.event.type) not in tags:
-                    continue
-            elif isinstance(output, Effect):
-                if kinds is not None and output.kind not in kinds:
-                    continue
-            elif not controls:
-                continue
-            tokens.append(output_token(output))
-        return tokens
+        """Outputs in order (`machine.conformance.authoring.trace_tokens`): every live
+        notification (publication notices only if asked), the durable events whose tags are in
+        *durable* (``'*'`` for all), the effects whose kinds are in *effects* (``'*'`` for all)
+        and, if asked, the control outputs."""
+        return trace_tokens(self.outputs[since:], durable, effects, controls=controls,
+                            publication=publication)
 
     def live(self, *types: str) -> list[FrozenDict]:
         return [o.event.payload for o in self.driver.live(*types)]
@@ -553,52 +299,7 @@ class Scenario:
             assert not self.core.accepts_next_step
 
 
-ABD_TEXT = "Error: tool call aborted before dispatch"
-ABORTED_TEXT = "Error: tool call aborted"
-
-
-def check_log(events: Sequence[Event]) -> None:
-    """Invariants of every scenario log: seq = index; AM sourceEventSeqs = its step's chunks;
-    TR sourceEventSeqs = [its tool/call]; canonical synthetic results; balanced steps."""
-    open_step: tuple[int, int] | None = None
-    chunks: list[int] = []
-    calls: dict[str, int] = {}
-    for index, event in enumerate(events):
-        assert event.seq == index
-        d = event.data
-        if event.is_surface:
-            assert event.surface_op == "append"
-        if event.type == "step/start":
-            assert open_step is None
-            open_step = (d["turn"], d["step"])  # type: ignore[assignment]
-            chunks, calls = [], {}
-        elif event.type == "step/end":
-            assert open_step == (d["turn"], d["step"])
-            open_step = None
-        elif event.type == "assistant/chunk":
-            chunks.append(event.seq)
-        elif event.type == "assistant/message":
-            assert list(event.source_event_seqs or ()) == chunks, (
-                f"AM at {event.seq}: sourceEventSeqs {event.source_event_seqs} != chunks {chunks}")
-        elif event.type == "tool/call":
-            calls[str(d["callId"])] = event.seq
-        elif event.type == "tool/result":
-            block = d["message"]["content"][0]  # type: ignore[index]
-            call_id = str(block["toolCallId"])
-            assert list(event.source_event_seqs or ()) == [calls[call_id]]
-            assert d["message"]["source"] == {"kind": "tool", "callId": call_id}  # type: ignore[index]
-            error = d.get("error")
-            if error is not None and error.get("code") in ("ABORTED_BEFORE_DISPATCH", "ABORTED"):
-                text = ABD_TEXT if error["code"] == "ABORTED_BEFORE_DISPATCH" else ABORTED_TEXT
-                assert error == {"name": "AbortError", "code": error["code"]}
-                assert block["isError"] is True
-                assert block["content"] == FrozenList([{"type": "text", "text": text}])
-    assert open_step is None or events[-1].type != "turn/end"
-
-
 __all__ = [
-    "ABD_TEXT",
-    "ABORTED_TEXT",
     "HOLD",
     "USER",
     "CoreConfig",
@@ -607,6 +308,7 @@ __all__ = [
     "Scenario",
     "check_log",
     "event_token",
+    "live_token",
     "log_tokens",
     "message_label",
     "message_text",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -12,6 +11,8 @@ import jsonschema
 import pytest
 
 from machine.conformance.checker import run_all
+from machine.conformance.corpus.build import build
+from machine.conformance.corpus.examples import examples
 from machine.conformance.coverage import (
     DIMENSIONS,
     configuration_of,
@@ -33,7 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "specs"
 CORPUS = SPECS / "conformance" / "vectors"
 SCHEMA = json.loads((SPECS / "conformance" / "vector.schema.json").read_text(encoding="utf-8"))
-AUTHOR = SPECS / "conformance" / "_author"
 
 #: Rules no vector can reach: they concern persistence, not the sans-I/O core, or the
 #: implementation's own state, which the protocol does not show.
@@ -249,16 +249,20 @@ def test_every_scenario_and_matrix_row_has_vectors(corpus: list[Vector]) -> None
 
 
 def test_the_corpus_is_what_the_authoring_scripts_write() -> None:
-    spec = importlib.util.spec_from_file_location("turnstile_conformance_build", AUTHOR / "build.py")
-    assert spec is not None and spec.loader is not None
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
-    texts, problems = build.build()
+    """``python -m machine.conformance.corpus --check``: every definition reviewed, no vector
+    stale, none missing or extra."""
+    texts, problems = build()
     assert problems == {}
     stale = [i for i, text in texts.items()
              if (CORPUS / f"{i}.json").read_text(encoding="utf-8") != text]
     assert stale == []
     assert set(texts) == {p.stem for p in VECTOR_FILES}
+
+
+def test_the_example_logs_are_what_their_generator_writes() -> None:
+    """``python -m machine.conformance.corpus.examples --check``: specs/examples is fresh."""
+    for name, text in examples().items():
+        assert (SPECS / "examples" / name).read_bytes() == text.encode("utf-8"), name
 
 
 def test_rule_ids_reads_ranges_sections_and_skips_informative_ones() -> None:

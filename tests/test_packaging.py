@@ -12,8 +12,9 @@ One test, in steps (each asserts what a new user would see):
 3. it is installed into a fresh virtual environment without extras, and from an empty
    directory holding a hostile ``model.py`` the commands run: ``--version``, ``check`` (the
    shipped corpus), ``check --port "turnstile adapter" --tag scenario --json``, ``demo``,
-   ``explore --model``, ``log validate`` of a shipped example; ``machine.testing`` names its
-   missing extra;
+   ``explore --model``, ``log validate`` of a shipped example, ``python -m
+   machine.conformance.corpus --check`` (the corpus's authoring code rebuilds the shipped
+   corpus); ``machine.testing`` names its missing extra;
 4. with the ``testing`` extra added, every python block of the README runs there.
 
 Nothing is cached between runs except pip's own download cache of ``transitions`` and
@@ -132,6 +133,9 @@ def test_the_wheel_installs_alone_and_works_from_an_empty_directory(tmp_path: Pa
                  if "scenario" in json.loads((ROOT / n).read_text(encoding="utf-8"))["tags"]]
     assert {r["status"] for r in results} == {"passed"} and len(results) == len(scenarios)
     assert summary["summary"]["failed"] == 0 and summary["exit"] == 0
+    # the corpus's authoring code ships and imports cleanly: it rebuilds the shipped corpus
+    corpus = _run([python, "-m", "machine.conformance.corpus", "--check"], cwd=empty, env=env)
+    assert corpus.splitlines()[-1] == f"{len(vectors)} vectors reviewed, 0 stale, 0 review failures"
     demo = _run([turnstile, "demo"], cwd=empty, env=env)
     assert f"{len(vectors)}/{len(vectors)} vectors give exactly the core's outputs" in demo
     explored = json.loads(_run([python, "-m", "machine", "explore", "--model", "--depth", "2",

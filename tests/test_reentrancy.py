@@ -1,5 +1,15 @@
 """The §19 reentrancy matrix: every row × steer / inject / followup / cancel / dispose.
 
+The conformance corpus holds the matrix too (``machine/conformance/corpus/matrix.py``, vectors
+``M<row>-<command>``, collected as tests by ``tests/test_scenarios.py``): one position per row
+and command, reviewed with what every cell states (the window column, placements, teardown:
+``review_cell``). This file is the denser sweep: every place a row names, each with all five
+commands. A cell that is a vector at the same position, whose assertions the vector's review
+makes, is not repeated here: row 1 at the enqueue of the waking send, row 2 at ``agent/status
+running`` and row 5 at ``turn/start`` (all five commands); row 3 at the claimed item's dequeue
+(inject, dispose); row 19 at ``turn/end`` (all but cancel); rows 21 and 23 at ``agent/settled``
+and ``agent/status idle`` (steer, inject, followup).
+
 Each row of the matrix names places where a command can be issued. A *point* here is one
 such place, realised exactly: an **observer** is a driver observer of that output (the
 command lands at that output, rule P2); a **hook point** is an environment handler for that
@@ -62,8 +72,9 @@ def turn(n: int, text: str, *, rh: bool = False, src: str = "") -> str:
 
 
 BASE = f"{GO1} {step(1, 1, rh=True)} TE(1,completed)"
-ERR = "error{step:1,failure:{message:'model unavailable',code:'UNAVAILABLE'}}"
-FAILED1 = f"{GO1} SS(1.1) RH(initial) SE(1.1) TE(1,{ERR})"
+#: The reason of a turn whose request failed (FAILED1): the notation's TE shows its kind only.
+ERR = {"kind": "error", "step": 1, "failure": {"message": "model unavailable", "code": "UNAVAILABLE"}}
+FAILED1 = f"{GO1} SS(1.1) RH(initial) SE(1.1) TE(1,error)"
 ABORTED_REQ1 = f"{GO1} SS(1.1) RH(initial) SE(1.1) TE(1,aborted)"
 RETRY2 = f"TS(2,retry) {step(2, 1)} TE(2,completed)"
 HUNG = f"{GO1} SS(1.1) RH(initial) CH CH SE(1.1) TE(1,aborted)"
@@ -169,76 +180,38 @@ def hook_point(kind: str, *, when: Callable[[Effect], bool] | None = None,
     return drive
 
 
-def is_running(p: object) -> bool:
-    return p["status"] == "running"  # type: ignore[index,no-any-return]
-
-
 def is_idle(p: object) -> bool:
     return p["status"] == "idle"  # type: ignore[index,no-any-return]
 
-
-# --------------------------------------------------------------------------
-# Row: agent/inbox/enqueue of an idle waking send (wake pending)
-# --------------------------------------------------------------------------
-
-ROW_ENQUEUE = [Point(
-    "enqueue-of-idle-waking-send", "R5.4-R6.1-R6.3-R16.4", "enqueue-observer",
-    observer_point("agent/inbox/enqueue"), {
-        "steer": X(f"{BASE} {turn(2, 'S')}", placement="queued", intervals=1),
-        "inject": X(f"{C_UM} {BASE}"),
-        "followup": X(f"{BASE} {turn(2, 'F')}", placement="queued", intervals=1),
-        "cancel": X("", live=lives("enq(go,q) cancel-req(parent) disc[go]"), intervals=0),
-        "dispose": X("", live=lives("enq(go,q) disc[go] agent/disposed session/disposed"),
-                     intervals=0),
-    })]
 
 # --------------------------------------------------------------------------
 # Row: running / dequeue of the claimed item / prompt-submit (admission)
 # --------------------------------------------------------------------------
 
 
-def admission_cells(point: str) -> dict[str, X]:
-    cancel_live = ("running cancel-req(parent) deq(go,q) idle" if point == "running"
-                   else "deq(go,q) cancel-req(parent) idle")
-    dispose_live = ("running deq(go,q) idle agent/disposed session/disposed" if point == "running"
-                    else "deq(go,q) idle agent/disposed session/disposed")
-    submits = 0 if point == "running" else 1
-
+def admission_cells(*commands: str) -> dict[str, X]:
     def no_turn(s: Scenario) -> None:
-        assert len(s.effects("prompt-submit")) == submits
+        assert len(s.effects("prompt-submit")) == 1
         assert s.live("agent/settled") == [] and s.effects("flush") == []
 
-    return {
+    cells = {
         "steer": X(f"{GO1} {S_STM1} {step(1, 1, rh=True)} TE(1,completed)", placement="steering"),
         "inject": X(f"{GO1} {C_UM} {step(1, 1, rh=True)} TE(1,completed)"),
         "followup": X(f"{BASE} {turn(2, 'F')}", placement="queued", intervals=1),
-        "cancel": X("", live=lives(cancel_live), intervals=1, check=no_turn),
-        "dispose": X("", live=lives(dispose_live), intervals=1, check=no_turn),
+        "cancel": X("", live=lives("deq(go,q) cancel-req(parent) idle"), intervals=1, check=no_turn),
+        "dispose": X("", live=lives("deq(go,q) idle agent/disposed session/disposed"), intervals=1,
+                     check=no_turn),
     }
+    return {command: cells[command] for command in commands or cells}
 
 
 ROW_ADMISSION = [
-    Point("admission", "R7.3-R7.4-R7.5-R7.7-R16.4", "status-running-observer",
-          observer_point("agent/status", when=is_running), admission_cells("running")),
+    # inject and dispose at the dequeue are vectors M03-inject and M03-dispose
     Point("admission", "R7.3-R7.6-R7.7-R16.4", "dequeue-observer",
-          observer_point("agent/inbox/dequeue"), admission_cells("dequeue")),
+          observer_point("agent/inbox/dequeue"), admission_cells("steer", "followup", "cancel")),
     Point("admission", "R7.5-R7.7-R16.4", "prompt-submit-hook",
-          hook_point("prompt-submit"), admission_cells("prompt-submit")),
+          hook_point("prompt-submit"), admission_cells()),
 ]
-
-# --------------------------------------------------------------------------
-# Row: turn/start observers
-# --------------------------------------------------------------------------
-
-ROW_TURN_START = [Point(
-    "turn-start-observers", "R8.2-R8.3-R26.4", "turn-start-observer",
-    observer_point("turn/start"), {
-        "steer": X(f"{GO1} {S_STM1} {step(1, 1, rh=True)} TE(1,completed)", placement="steering"),
-        "inject": X(f"{GO1} {C_UM} {step(1, 1, rh=True)} TE(1,completed)"),
-        "followup": X(f"{BASE} {turn(2, 'F')}", placement="queued", intervals=1),
-        "cancel": X(f"{GO1} TE(1,aborted)", cancel_notices=1),
-        "dispose": X(f"{GO1} TE(1,disposed)", cancel_notices=0),
-    })]
 
 # --------------------------------------------------------------------------
 # Row: observers of the run-start drains and of the prompt and context appends
@@ -646,15 +619,11 @@ def one_wake(s: Scenario) -> None:
 
 
 ROW_TURN_END = [
+    # steer, inject, followup and dispose at turn/end are vectors M19-*
     Point("turn-end-observers", "R12.1-R12.2-R12.3-D4", "turn-end-observer",
           observer_point("turn/end"), {
-              "steer": X(f"{BASE} {turn(2, 'S')}", placement="queued", intervals=1, check=one_wake),
-              "inject": X(f"{BASE} {C_UM}"),
-              "followup": X(f"{BASE} {turn(2, 'F')}", placement="queued", intervals=1, check=one_wake),
               "cancel": X(BASE, live=lives("cancel-req(parent) settled(1,completed) idle"),
                           cancel_notices=1),
-              "dispose": X(BASE, live=lives("settled(1,completed) idle agent/disposed session/disposed"),
-                           cancel_notices=0),
           }),
     Point("turn-end-observers", "R12.2-R13.5-D2", "turn-end-observer-retry-pending",
           drive_turn_end_retry, {
@@ -707,12 +676,9 @@ ROW_FLUSH = [
 # Row: agent/settled observers
 # --------------------------------------------------------------------------
 
-ROW_SETTLED = [Point(
+ROW_SETTLED = [Point(   # steer, inject and followup at agent/settled are vectors M21-*
     "settled-observers", "R12.5-R12.7", "settled-observer",
     observer_point("agent/settled"), {
-        "steer": X(f"{BASE} {turn(2, 'S')}", placement="queued", intervals=1, check=one_wake),
-        "inject": X(f"{BASE} {C_UM}"),
-        "followup": X(f"{BASE} {turn(2, 'F')}", placement="queued", intervals=1, check=one_wake),
         "cancel": X(BASE, live=lives("settled(1,completed) cancel-req(parent) disc[Q] idle")),
         "dispose": X(BASE, live=lives("settled(1,completed) disc[Q] idle agent/disposed "
                                       "session/disposed")),
@@ -764,12 +730,9 @@ ROW_REJECTED = [
 # Row: agent/status('idle') observers
 # --------------------------------------------------------------------------
 
-ROW_IDLE = [Point(
+ROW_IDLE = [Point(   # steer, inject and followup at agent/status idle are vectors M23-*
     "status-idle-observers", "R12.7-R6.1-R16.4", "status-idle-observer",
     observer_point("agent/status", when=is_idle), {
-        "steer": X(f"{BASE} {turn(2, 'S')}", placement="queued", intervals=2),
-        "inject": X(f"{BASE} {C_UM}", intervals=1),
-        "followup": X(f"{BASE} {turn(2, 'F')}", placement="queued", intervals=2),
         "cancel": X(BASE, live=lives("idle cancel-req(parent) disc[Q]"), intervals=1),
         "dispose": X(BASE, live=lives("idle disc[Q] agent/disposed session/disposed"), intervals=1),
     }, quiet_for_cancel=True)]
@@ -952,7 +915,7 @@ ROW_SESSION_START = [Point(
 # --------------------------------------------------------------------------
 
 POINTS: list[Point] = [
-    *ROW_ENQUEUE, *ROW_ADMISSION, *ROW_TURN_START, *ROW_RUN_START, *ROW_STEP_HOOK, *ROW_STREAMING,
+    *ROW_ADMISSION, *ROW_RUN_START, *ROW_STEP_HOOK, *ROW_STREAMING,
     *ROW_TOOLS, *ROW_END_DRAIN, *ROW_STEP_END, *ROW_TURN_STOPPING, *ROW_REQUEST_ERROR,
     *ROW_TURN_END, *ROW_FLUSH, *ROW_SETTLED, *ROW_REJECTED, *ROW_IDLE, *ROW_CANCEL_REQUESTED,
     *ROW_DISCARD, *ROW_SESSION_START,
@@ -980,7 +943,7 @@ def _cases() -> list[object]:
 
 # The window column of §19: closed at these points, open at every other.
 WINDOW_CLOSED = frozenset({
-    "enqueue-observer", "turn-end-observer", "turn-end-observer-retry-pending", "flush-hook",
+    "turn-end-observer", "turn-end-observer-retry-pending", "flush-hook",
     "flush-hook-retry-pending", "settled-observer", "context-append-observer", "tail-tick",
     "status-idle-observer", "cancel-requested-observer-while-idle",
     "inbox-discard-observer-while-idle", "session-start-observer",
@@ -1015,6 +978,8 @@ def test_R19_reentrancy_matrix(point: Point, command: str, cell: X) -> None:
         s.run()
 
     assert s.log() == L(cell.log)
+    if cell.log.startswith(FAILED1):
+        assert s.of("turn/end")[0].data["reason"] == ERR
     live = s.trace()
     for run in cell.live:
         assert find_run(live, L(run)), f"{run!r} not found in {live}"

@@ -1,18 +1,20 @@
 """Authoring conformance vectors: play a scenario here, review it, write it.
 
-A scenario is a Python function decorated with `scenario` (see
-``specs/conformance/_author/``). It builds a `Session` (a `RecordingCore`
-driven by the scripted `Driver`, so observers can issue commands at exactly
-the output they observe), plays the script, *reviews* the recording with
-assertions in the notation of ``scenarios.md``, and returns the session. The
-build (``specs/conformance/_author/build.py``) writes one vector per
-scenario whose review passed, with the scenario's hand-written title, rules
-and tags.
+A scenario is a Python function decorated with `scenario` (the definitions are in
+`machine.conformance.corpus`). It builds a `Session` (a `RecordingCore` driven by the
+scripted `Driver`, so observers can issue commands at exactly the output they observe),
+plays the script, *reviews* the recording with assertions in the notation of
+``scenarios.md``, and returns the session. `Scenario.review` adds what holds of every log
+(`check_log`); the build (``python -m machine.conformance.corpus``) writes one vector per
+scenario whose review passed, with the scenario's hand-written title, rules and tags, and
+``tests/test_scenarios.py`` runs each review as a test.
 
 Notation (as in ``scenarios.md``): ``TS(1,msg:user) UM('hi') SS(1.1)
 RH(initial) CH… AM(1.1;'hello there') SE(1.1) TE(1,completed)`` for the log;
-``enq(hi,q) running deq(hi,q) settled(1,completed) idle`` for live
-notifications.
+``enq(hi,q) running deq(hi,q) settled(1,completed) idle`` for live notifications;
+``⟨step 1.1⟩``, ``tick(wake)``, ``flush(1)`` for effects, ``abort(user)`` and ``release``
+for controls (`trace_tokens`). This module is the one renderer of the notation: the test
+harness (``tests/scenario_helpers.py``) uses it too.
 """
 
 from __future__ import annotations
@@ -30,11 +32,14 @@ from machine.invariants import AgentInvariantError, InvariantMonitor
 from machine.io import Control, Durable, Effect, Live, Observer, Output
 from machine.jsonvalue import JsonLike, thaw
 from machine.scripted import HOLD, Driver, ScriptedEnvironment
-from machine.vocabulary import ErrorInfo, LlmFailure
+from machine.vocabulary import ErrorInfo, LlmFailure, Message
 
 __all__ = [
-    "HOLD", "REGISTRY", "Scenario", "Session", "calls", "durable", "effect", "error", "live",
-    "model_failure", "notation", "reply", "result", "scenario", "source",
+    "ABD_TEXT", "ABORTED_TEXT", "HOLD", "PUBLICATION", "REGISTRY", "TAGS", "Scenario", "Session",
+    "calls", "check_log", "content_label", "control", "control_token", "durable", "effect",
+    "effect_token", "error", "event_token", "live", "live_token", "log_tokens", "message_label",
+    "model_failure", "notation", "output_token", "reason_label", "reply", "result", "scenario",
+    "source", "source_label", "text_of", "trace_tokens",
 ]
 
 USER: Final[dict[str, JsonLike]] = {"kind": "user"}
@@ -134,7 +139,7 @@ def control(kind: str) -> Predicate:
 
 
 # --------------------------------------------------------------------------
-# Notation
+# Notation: the one renderer (the scenario tests' harness, tests/scenario_helpers.py, uses it)
 # --------------------------------------------------------------------------
 
 _OPEN, _CLOSE = "([{⟨", ")]}⟩"
@@ -142,7 +147,9 @@ _OPEN, _CLOSE = "([{⟨", ")]}⟩"
 
 def notation(text: str) -> list[str]:
     """Split notation into tokens: whitespace separates tokens only outside quotes and
-    brackets; whitespace after ``,`` or ``;`` inside brackets is dropped."""
+    brackets (so ``UM('file changed: a.ts';plugin:watcher)`` is one token); whitespace after
+    ``,`` or ``;`` inside brackets is dropped, so ``TS(1, msg:user)`` and the rendered
+    ``TS(1,msg:user)`` agree."""
     tokens: list[str] = []
     current: list[str] = []
     depth = 0
@@ -171,13 +178,30 @@ def notation(text: str) -> list[str]:
     return tokens
 
 
+def _json(message: Mapping[str, Any] | Message) -> Any:
+    return message.to_json() if isinstance(message, Message) else thaw(message)  # type: ignore[arg-type]
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{_fmt(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_fmt(v) for v in value) + "]"
+    if isinstance(value, str):
+        return f"'{value}'"
+    return str(value)
+
+
 def source_label(src: Mapping[str, Any]) -> str:
+    """``plugin:NAME`` for a plugin source with nothing else, else the source's kind."""
     if src.get("kind") == "plugin" and set(src) == {"kind", "plugin"}:
         return f"plugin:{src['plugin']}"
     return str(src.get("kind"))
 
 
 def content_label(content: Sequence[Any]) -> str:
+    """``'text'`` for text blocks, ``call ID`` for tool calls, ``TR:ID`` for tool results,
+    joined by ``+``; ``[]`` when empty."""
     parts: list[str] = []
     for block in content:
         kind = block.get("type")
@@ -192,20 +216,50 @@ def content_label(content: Sequence[Any]) -> str:
     return "+".join(parts) if parts else "[]"
 
 
-def text_of(message: Mapping[str, Any]) -> str:
-    return "".join(str(b.get("text", "")) for b in message.get("content", [])
-                   if b.get("type") == "text")
+def text_of(message: Mapping[str, Any] | Message) -> str:
+    """The text of a message's text blocks, joined."""
+    m = _json(message)
+    return "".join(str(b.get("text", "")) for b in m.get("content", []) if b.get("type") == "text")
 
 
-def message_label(message: Mapping[str, Any]) -> str:
-    label = content_label(message["content"])
-    src = message.get("source", {})
-    if message.get("role") == "user" and src.get("kind") not in ("user", "tool"):
+def message_label(message: Mapping[str, Any] | Message) -> str:
+    """A request/history message: its content label, with ``;SOURCE`` for user-role messages
+    of another source than the user or a tool (assistant and tool-result messages are
+    recognisable by their content)."""
+    m = _json(message)
+    label = content_label(m["content"])
+    src = m.get("source", {})
+    if m.get("role") == "user" and src.get("kind") not in ("user", "tool"):
         label += ";" + source_label(src)
     return label
 
 
+def reason_label(reason: Mapping[str, Any]) -> str:
+    """A turn's end reason in full (``TE`` shows its kind only): its kind; an error with its facts,
+    ``error{step:1,message:'boom',code:'X'}`` or ``error{step:1,failure:{message:…,code:…}}``."""
+    kind = reason["kind"]
+    if kind != "error":
+        return str(kind)
+    fields = [f"{key}:{_fmt(reason[key])}" for key in ("step", "message", "code") if key in reason]
+    if "failure" in reason:
+        failure = reason["failure"]
+        ordered = {k: failure[k] for k in ("message", "code", "status", "providerRetryAfterMs",
+                                             "requestId") if k in failure}
+        fields.append(f"failure:{_fmt(ordered)}")
+    return "error{" + ",".join(fields) + "}"
+
+
+#: The notation's tag of each core event type.
+TAGS: Final[dict[str, str]] = {
+    "turn/start": "TS", "turn/end": "TE", "step/start": "SS", "step/end": "SE",
+    "user/message": "UM", "steering/message": "STM", "request/header": "RH",
+    "assistant/chunk": "CH", "assistant/message": "AM", "tool/call": "TC", "tool/result": "TR",
+}
+
+
 def event_token(event: Event) -> str:
+    """One durable event: ``TS(1,msg:user)``, ``UM('hi';plugin:p)``, ``TE(1,completed)`` (the
+    reason's kind: `reason_label` renders it in full) …; an extension event is its type."""
     d = thaw(event.data)
     t = event.type
     if t == "turn/start":
@@ -216,7 +270,7 @@ def event_token(event: Event) -> str:
     if t == "turn/end":
         return f"TE({d['turn']},{d['reason']['kind']})"
     if t in ("step/start", "step/end"):
-        return f"{'SS' if t == 'step/start' else 'SE'}({d['turn']}.{d['step']})"
+        return f"{TAGS[t]}({d['turn']}.{d['step']})"
     if t == "user/message":
         return f"UM({message_label(d)})"
     if t == "steering/message":
@@ -245,12 +299,14 @@ def event_token(event: Event) -> str:
     return t
 
 
-def log_tokens(events: Sequence[Event]) -> list[str]:
-    """The log in notation; a run of chunks ending with the finish chunk is ``CH…``."""
+def log_tokens(events: Sequence[Event], *, collapse_chunks: bool = True) -> list[str]:
+    """The log in notation. A run of several chunks ending with the finish chunk is ``CH…``;
+    a lone chunk, and each chunk of an unfinished stream, is ``CH`` (every chunk is ``CH``
+    without *collapse_chunks*)."""
     tokens: list[str] = []
     i = 0
     while i < len(events):
-        if events[i].type == "assistant/chunk":
+        if collapse_chunks and events[i].type == "assistant/chunk":
             j = i
             while j < len(events) and events[j].type == "assistant/chunk":
                 j += 1
@@ -265,6 +321,8 @@ def log_tokens(events: Sequence[Event]) -> list[str]:
 
 
 def live_token(output: Live) -> str:
+    """One live notification: ``enq(hi,q)``, ``running``, ``settled(1,completed)``,
+    ``warn('text')`` …; another is its type."""
     p = thaw(output.event.payload)
     t = output.event.type
     if t in ("agent/inbox/enqueue", "agent/inbox/dequeue"):
@@ -290,6 +348,7 @@ def live_token(output: Live) -> str:
 
 
 def effect_token(output: Effect) -> str:
+    """One effect request: ``tick(wake)``, ``flush(1)``, ``⟨step 1.1⟩``, ``⟨execute c1⟩`` …"""
     p = thaw(output.payload)
     k = output.kind
     if k == "flush":
@@ -305,7 +364,100 @@ def effect_token(output: Effect) -> str:
     return f"⟨{k} {p['turn']}.{p['step']}⟩"
 
 
+def control_token(output: Control) -> str:
+    """A control output: ``abort(CAUSE)`` or ``release``."""
+    if output.kind == "abort":
+        return f"abort({thaw(output.payload)['reason']['kind']})"
+    return str(output.kind)
+
+
+def output_token(output: Output) -> str:
+    """Any output: a durable event in brackets (``[TS(1,msg:user)]``), the others as above."""
+    if isinstance(output, Durable):
+        return f"[{event_token(output.event)}]"
+    if isinstance(output, Live):
+        return live_token(output)
+    if isinstance(output, Effect):
+        return effect_token(output)
+    return control_token(output)
+
+
+ABD_TEXT: Final = "Error: tool call aborted before dispatch"
+ABORTED_TEXT: Final = "Error: tool call aborted"
+
+
+def check_log(events: Sequence[Event]) -> None:
+    """What holds of every scenario's log (AssertionError otherwise): seq = index; a surface
+    event appends; steps are balanced; an AM's sourceEventSeqs are its step's chunks; a TR's
+    are its tool/call (a result for a tool that never started has none, L5), and its source is
+    that call; a synthetic aborted result is canonical."""
+    open_step: tuple[int, int] | None = None
+    chunks: list[int] = []
+    calls: dict[str, int] = {}
+    for index, event in enumerate(events):
+        assert event.seq == index, f"seq {event.seq} at index {index}"
+        d = thaw(event.data)
+        if event.is_surface:
+            assert event.surface_op == "append", f"{event.type} at {event.seq}: {event.surface_op}"
+        if event.type == "step/start":
+            assert open_step is None, f"step/start at {event.seq} inside step {open_step}"
+            open_step = (d["turn"], d["step"])
+            chunks, calls = [], {}
+        elif event.type == "step/end":
+            assert open_step == (d["turn"], d["step"]), f"step/end at {event.seq}"
+            open_step = None
+        elif event.type == "assistant/chunk":
+            chunks.append(event.seq)
+        elif event.type == "assistant/message":
+            assert list(event.source_event_seqs or ()) == chunks, (
+                f"AM at {event.seq}: sourceEventSeqs {event.source_event_seqs} != chunks {chunks}")
+        elif event.type == "tool/call":
+            calls[str(d["callId"])] = event.seq
+        elif event.type == "tool/result":
+            block = d["message"]["content"][0]
+            call_id = str(block["toolCallId"])
+            err = d.get("error")
+            if call_id in calls:
+                assert list(event.source_event_seqs or ()) == [calls[call_id]], f"TR at {event.seq}"
+            else:   # L5: only a result for a tool that never started needs no tool/call
+                assert err is not None and err.get("code") == "TOOL_NOT_STARTED", f"TR at {event.seq}"
+            assert d["message"]["source"] == {"kind": "tool", "callId": call_id}
+            if err is not None and err.get("code") in ("ABORTED_BEFORE_DISPATCH", "ABORTED"):
+                text = ABD_TEXT if err["code"] == "ABORTED_BEFORE_DISPATCH" else ABORTED_TEXT
+                assert err == {"name": "AbortError", "code": err["code"]}, err
+                assert block["isError"] is True
+                assert block["content"] == [{"type": "text", "text": text}], block
+    assert open_step is None or events[-1].type != "turn/end"
+
+
+#: The publication notices (P11), left out of traces unless asked for.
 PUBLICATION: Final = frozenset({"session/created", "agent/created", "agent/session-start"})
+
+
+def trace_tokens(outputs: Iterable[Output], durable: Iterable[str] | str = "*",
+                 effects: Iterable[str] | str = "*", *, controls: bool = True,
+                 publication: bool = False) -> list[str]:
+    """Outputs in order, as `output_token`: every live notification (the publication notices
+    only with *publication*), the durable events whose tags (`TAGS`; an extension event's
+    type) are in *durable*, the effects whose kinds are in *effects* (``'*'``: all of them)
+    and, with *controls*, the control outputs."""
+    tags = None if durable == "*" else set(durable)
+    kinds = None if effects == "*" else set(effects)
+    tokens: list[str] = []
+    for output in outputs:
+        if isinstance(output, Live):
+            if output.event.type in PUBLICATION and not publication:
+                continue
+        elif isinstance(output, Durable):
+            if tags is not None and TAGS.get(output.event.type, output.event.type) not in tags:
+                continue
+        elif isinstance(output, Effect):
+            if kinds is not None and output.kind not in kinds:
+                continue
+        elif not controls:
+            continue
+        tokens.append(output_token(output))
+    return tokens
 
 
 # --------------------------------------------------------------------------
@@ -375,7 +527,7 @@ class Session:
     def dispose(self) -> None:
         self.core.dispose()
 
-    def attempt(self, command: Callable[[], None]) -> str | None:
+    def attempt(self, command: Callable[[], object]) -> str | None:
         """Run a command that may be refused; returns the error text (recorded as refused)."""
         try:
             command()
@@ -466,40 +618,48 @@ class Session:
     def events(self) -> list[Event]:
         return list(self.core.log.events)
 
-    def log(self) -> list[str]:
-        return log_tokens(self.events())
+    def log(self, *, collapse_chunks: bool = True) -> list[str]:
+        return log_tokens(self.events(), collapse_chunks=collapse_chunks)
 
     def types(self) -> list[str]:
         return [e.type for e in self.events()]
+
+    def of(self, type_: str) -> list[Event]:
+        """The logged events of *type_*."""
+        return [e for e in self.events() if e.type == type_]
+
+    def payloads(self, *types: str) -> list[dict[str, Any]]:
+        """The payloads of the live notifications of these types (all, without *types*)."""
+        return [thaw(o.event.payload) for o in self.outputs if isinstance(o, Live)
+                and (not types or o.event.type in types)]
+
+    def user_texts(self) -> list[str]:
+        """The text of every logged user/message, in order."""
+        return [text_of(d) for d in self.data("user/message")]
+
+    def history(self) -> list[str]:
+        """The message history the log derives now, as message labels."""
+        return [message_label(m) for m in self.core.log.derive_messages()]
 
     def live(self, *types: str, publication: bool = False) -> list[str]:
         return [live_token(o) for o in self.outputs if isinstance(o, Live)
                 and (publication or o.event.type not in PUBLICATION)
                 and (not types or o.event.type in types)]
 
-    def trace(self, *, events: bool = True, effects: bool = True) -> list[str]:
-        """Every output in order: live tokens, ``[durable]`` tokens and effect tokens."""
-        out: list[str] = []
-        for o in self.outputs:
-            if isinstance(o, Live):
-                if o.event.type not in PUBLICATION:
-                    out.append(live_token(o))
-            elif isinstance(o, Durable):
-                if events:
-                    out.append(f"[{event_token(o.event)}]")
-            elif isinstance(o, Effect):
-                if effects:
-                    out.append(effect_token(o))
-            else:
-                out.append(o.kind)
-        return out
+    def trace(self, durable: Iterable[str] | str = "*", effects: Iterable[str] | str = "*", *,
+              controls: bool = True, publication: bool = False, since: int = 0) -> list[str]:
+        """The outputs from the *since*-th on, in order (`trace_tokens`): by default every
+        live notification but the publication notices, every ``[durable]`` event, effect and
+        control; *durable* and *effects* narrow them to these tags and kinds."""
+        return trace_tokens(self.outputs[since:], durable, effects, controls=controls,
+                            publication=publication)
 
     def effects(self, kind: str | None = None) -> list[Effect]:
         return self.driver.effects(kind)
 
     def requests(self) -> list[list[str]]:
         """The message list of each model request, as message labels."""
-        return [[message_label(m.to_json()) for m in (e.history or ())]
+        return [[message_label(m) for m in (e.history or ())]
                 for e in self.effects("model")]
 
     def reasons(self) -> list[dict[str, Any]]:
@@ -539,10 +699,17 @@ class Scenario:
     tags: tuple[str, ...]
     play: Callable[[], Session]
 
+    def review(self) -> Session:
+        """Play the scenario and review it: its own assertions, the agent invariants at every
+        input and output (R20.1, `Session`), then what holds of every log (`check_log`).
+        AssertionError (or AgentInvariantError) if the review fails; the session."""
+        session = self.play()
+        check_log(session.events())
+        return session
+
     def build(self) -> Vector:
         """Play and review the scenario (AssertionError if the review fails); the vector."""
-        session = self.play()
-        return session.vector(self.id, self.title, self.rules, self.tags)
+        return self.review().vector(self.id, self.title, self.rules, self.tags)
 
 
 REGISTRY: list[Scenario] = []

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from machine.conformance.authoring import Session, error, live, scenario
+from collections.abc import Callable
+
+from machine.conformance.authoring import Session, error, live, notation, scenario
+from machine.errors import ValidationError
+from machine.io import Control, Effect
 
 U = {"inputTokens": 3, "outputTokens": 2}
 
@@ -27,10 +31,16 @@ def a1() -> Session:
     am = s.data("assistant/message")[0]
     assert am["usage"] == U
     chunk_seqs = [e.seq for e in s.events() if e.type == "assistant/chunk"]
+    assert len(chunk_seqs) == 4    # text, text, usage, finish
     assert [e.source_event_seqs for e in s.events() if e.type == "assistant/message"] == [
         tuple(chunk_seqs)]
+    assert [m.role for m in s.core.log.derive_messages()] == ["user", "assistant"]
+    assert s.trace(durable=("TS", "UM", "TE"),
+                   effects=("prompt-submit", "step", "request", "turn-stopping", "flush")) == notation(
+        "enq(hi,q) running ⟨prompt-submit⟩ deq(hi,q) [TS(1,msg:user)] [UM('hi')] ⟨step 1.1⟩ "
+        "⟨request 1.1⟩ ⟨turn-stopping 1⟩ [TE(1,completed)] flush(1) settled(1,completed) idle")
     s.expect_live("enq(hi,q) running deq(hi,q) settled(1,completed) idle")
-    assert s.trace(events=False) == [
+    assert s.trace(durable=()) == [
         "tick(wake)", "enq(hi,q)", "running", "⟨prompt-submit⟩", "deq(hi,q)", "⟨step 1.1⟩",
         "⟨system-prompt 1.1⟩", "⟨request 1.1⟩", "⟨model 1.1⟩", "⟨turn-stopping 1⟩", "flush(1)",
         "settled(1,completed)", "idle"]
@@ -45,10 +55,11 @@ def a1() -> Session:
 def a2() -> Session:
     s = Session()
     s.inject("context", "plugin:p")
+    assert s.core.is_quiescent            # whenIdle() completes at once
     s.run()
     s.expect_log("UM('context';plugin:p)")
     assert s.live() == [] and s.effects() == []
-    assert s.core.is_quiescent
+    assert s.core.is_quiescent and s.core.status == "idle"
     return s
 
 
@@ -61,21 +72,32 @@ def a2() -> Session:
 def a3() -> Session:
     s = Session("ok")
     s.pump()
+
+    def refused(command: Callable[[], object], named: str) -> None:
+        """A validation error (a ValueError) naming the field; the recorder records it."""
+        try:
+            command()
+        except ValidationError as exc:
+            assert isinstance(exc, ValueError) and named in str(exc), exc
+            s.caught.append(str(exc))
+        else:
+            raise AssertionError("accepted")
     bad_id = s.msg("x", "plugin:p", id="")
-    assert s.attempt(lambda: s.core.inject(bad_id))
+    refused(lambda: s.core.inject(bad_id), "id")
     assistant = {**s.msg("x"), "role": "assistant"}
-    assert s.attempt(lambda: s.core.followup(assistant))
+    refused(lambda: s.core.followup(assistant), "role")
     no_source = {k: v for k, v in s.msg("x").items() if k != "source"}
-    assert s.attempt(lambda: s.core.steer(no_source))
+    refused(lambda: s.core.steer(no_source), "source")
     kindless = {**s.msg("x"), "source": {"plugin": "p"}}
-    assert s.attempt(lambda: s.core.steer(kindless))
+    refused(lambda: s.core.steer(kindless), "kind")
     typeless = {**s.msg("x"), "content": [{"text": "no type"}]}
-    assert s.attempt(lambda: s.core.inject(typeless))
-    assert s.attempt(lambda: s.core.send(s.msg("x"), {"target": "next-turn"}))
-    assert s.attempt(lambda: s.core.send(s.msg("x"), {"target": "next-turn", "wakeup": True,
-                                                      "context": []}))
+    refused(lambda: s.core.inject(typeless), "type")
+    refused(lambda: s.core.send(s.msg("x"), {"target": "next-turn"}), "wakeup")
+    refused(lambda: s.core.send(s.msg("x"), {"target": "next-turn", "wakeup": True,
+                                             "context": []}), "context")
     assert len(s.caught) == 7
     assert s.log() == [] and s.live() == [] and s.effects() == []
+    assert s.core.is_quiescent and not s.core.wake_pending
     s.followup("ok")
     s.run()
     s.expect_log("TS(1,msg:user) UM('ok') SS(1.1) RH(initial) CH… AM(1.1;'ok') SE(1.1) "
@@ -92,11 +114,16 @@ def a4() -> Session:
     s.inject("file changed: a.ts", "plugin:watcher")
     s.run()
     assert s.log() == ["UM('file changed: a.ts';plugin:watcher)"] and s.effects() == []
+    assert s.core.status == "idle"
+    assert s.data("user/message") == [{"id": "m1", "role": "user", "content": [
+        {"type": "text", "text": "file changed: a.ts"}], "source": {"kind": "plugin", "plugin": "watcher"}}]
     s.followup("go")
     s.run()
     s.expect_log("UM('file changed: a.ts';plugin:watcher) TS(1,msg:user) UM('go') SS(1.1) "
                  "RH(initial) CH… AM(1.1;'ok') SE(1.1) TE(1,completed)")
     assert s.requests() == [["'file changed: a.ts';plugin:watcher", "'go'"]]
+    history = s.effects("model")[0].history
+    assert history is not None and [m.to_json() for m in history] == s.data("user/message")
     return s
 
 
@@ -111,6 +138,8 @@ def a5() -> Session:
     s.expect_log("TS(1,msg:plugin:test) UM('steer idle';plugin:test) SS(1.1) RH(initial) CH… "
                  "AM(1.1;'ok') SE(1.1) TE(1,completed)")
     s.expect_live("enq(steer idle,q) running deq(steer idle,q) settled(1,completed) idle")
+    assert s.data("turn/start")[0]["trigger"] == {"kind": "message",
+                                                  "source": {"kind": "plugin", "plugin": "test"}}
     assert len(s.effects("model")) == 1
     return s
 
@@ -131,6 +160,9 @@ def a6() -> Session:
                   "settled(2,completed) idle")
     assert s.requests() == [["'S1'"], ["'S1'", "'first'", "'S2'"]]
     assert len(s.effects("tick")) == 1
+    assert s.trace(durable=(), effects=("flush",)) == notation(
+        "enq(S1,q) enq(S2,q) running deq(S1,q) flush(1) settled(1,completed) deq(S2,q) "
+        "flush(2) settled(2,completed) idle")
     return s
 
 
@@ -143,7 +175,7 @@ def a8() -> Session:
     s.send("quiet", {"target": "next-turn", "wakeup": False})
     s.run()
     assert s.log() == [] and s.live() == ["enq(quiet,q)"] and s.effects() == []
-    assert s.core.is_quiescent
+    assert s.core.is_quiescent and s.core.status == "idle"
     s.followup("wake")
     s.run()
     s.expect_log("TS(1,msg:user) UM('quiet') SS(1.1) RH(initial) CH… AM(1.1;'reply') SE(1.1) "
@@ -163,12 +195,19 @@ def a10() -> Session:
     s.hold("prompt-submit")
     s.followup("user message")
     s.run()
+    assert s.core.status == "running"
     s.followup("plugin message", "plugin:test")
+    assert len(s.effects("tick")) == 1 and not s.core.wake_pending   # queued without a wake
     s.resolve("prompt-submit", {"kind": "allow"})
     s.run()
     s.expect_log("TS(1,msg:user) UM('user message') SS(1.1) RH(initial) CH… AM(1.1;'one') "
                  "SE(1.1) TE(1,completed) TS(2,msg:plugin:test) UM('plugin message';plugin:test) "
                  "SS(2.1) CH… AM(2.1;'two') SE(2.1) TE(2,completed)")
+    assert [d["trigger"] for d in s.data("turn/start")] == [
+        {"kind": "message", "source": {"kind": "user"}},
+        {"kind": "message", "source": {"kind": "plugin", "plugin": "test"}}]
+    assert [d["source"] for d in s.data("user/message")] == [
+        {"kind": "user"}, {"kind": "plugin", "plugin": "test"}]
     assert len(s.effects("tick")) == 1
     return s
 
@@ -210,6 +249,9 @@ def b1() -> Session:
     assert um["id"] == "m1" and um["source"] == {"kind": "user"}
     assert s.requests() == [["'REWRITTEN'"]]
     s.expect_live("enq(original,q) running deq(original,q) settled(1,completed) idle")
+    assert s.payloads("agent/inbox/dequeue")[0]["message"] == {
+        "id": "m1", "role": "user", "content": [{"type": "text", "text": "original"}],
+        "source": {"kind": "user"}}
     return s
 
 
@@ -223,11 +265,18 @@ def b2() -> Session:
     s.handle("prompt-submit", lambda e: ("resolve", {
         "kind": "allow", "content": [{"type": "text", "text": "REWRITTEN prompt"}],
         "additionalContexts": [ctx]}))
+    seen: list[list[str]] = []
+
+    def step_hook(e: Effect) -> None:         # the default answer: it only looks
+        seen.append(s.history())
+    s.handle("step", step_hook, times=1)
     s.followup("ORIGINAL prompt")
     s.run()
+    assert seen == [["'REWRITTEN prompt'", "'injected ctx';plugin:test"]]
     s.expect_log("TS(1,msg:user) UM('REWRITTEN prompt') UM('injected ctx';plugin:test) SS(1.1) "
                  "RH(initial) CH… AM(1.1;'ok') SE(1.1) TE(1,completed)")
-    assert s.data("user/message")[1]["id"] == "ctx-1"
+    assert s.data("user/message")[1]["id"] == "ctx-1" and s.data("user/message")[0]["id"] != "ctx-1"
+    assert s.data("user/message")[1]["source"] == ctx["source"]
     assert s.requests() == [["'REWRITTEN prompt'", "'injected ctx';plugin:test"]]
     return s
 
@@ -262,8 +311,16 @@ def b4() -> Session:
     assert s.core.status == "running" and s.core.accepts_next_step and s.log() == []
     s.inject("attached context", "plugin:test")
     s.steer("admission steering")
+    assert s.core.status == "running" and s.core.accepts_next_step and s.log() == []
     s.resolve("prompt-submit", {"kind": "allow"})
     s.run()
+    assert s.trace(durable=("TS", "UM", "STM", "TE"),
+                   effects=("prompt-submit", "step", "flush")) == notation(
+        "enq(admitted prompt,q) running ⟨prompt-submit⟩ deq(admitted prompt,q) "
+        "enq(admission steering,s) [TS(1,msg:user)] [UM('admitted prompt')] "
+        "[UM('attached context';plugin:test)] deq(admission steering,s) "
+        "[STM(1;'admission steering';user)] ⟨step 1.1⟩ [TE(1,completed)] flush(1) "
+        "settled(1,completed) idle")
     s.expect_log("TS(1,msg:user) UM('admitted prompt') UM('attached context';plugin:test) "
                  "STM(1;'admission steering';user) SS(1.1) RH(initial) CH… AM(1.1;'ok') SE(1.1) "
                  "TE(1,completed)")
@@ -285,10 +342,14 @@ def b7() -> Session:
     s.followup("blocked prompt")
     s.run()
     s.inject("independent context", "plugin:test")
+    assert s.log() == []
     s.resolve("prompt-submit", {"kind": "block", "reason": "no"})
     s.run()
     s.expect_log("UM('independent context';plugin:test)")
     s.expect_live("enq(blocked prompt,q) running deq(blocked prompt,q) idle")
+    assert s.trace(durable=("UM",), effects=("flush",)) == notation(
+        "enq(blocked prompt,q) running deq(blocked prompt,q) "
+        "[UM('independent context';plugin:test)] idle")
     assert not s.effects("flush") and not s.effects("model")
     return s
 
@@ -309,6 +370,10 @@ def b8() -> Session:
     s.resolve("prompt-submit", {"kind": "block", "reason": "no"})
     s.run()
     assert s.log() == ["UM('retained context';plugin:test)"]
+    # neither removed nor delayed: appended at the rejected path, before continue-or-idle
+    assert s.trace(durable=("UM",), effects=("tick",))[-3:] == notation(
+        "[UM('retained context';plugin:test)] tick(rejected-admission) idle")
+    assert s.core.is_quiescent
     s.followup("resume")
     s.run()
     s.expect_log("UM('retained context';plugin:test) TS(1,msg:user) UM('resume') SS(1.1) "
@@ -337,6 +402,9 @@ def b9() -> Session:
                  "TE(1,completed)")
     s.expect_live("enq(secret,q) enq(safe,q) running deq(secret,q) deq(safe,q) "
                   "settled(1,completed) idle")
+    assert s.trace(durable=(), effects=("prompt-submit",)) == notation(
+        "enq(secret,q) enq(safe,q) running ⟨prompt-submit⟩ deq(secret,q) ⟨prompt-submit⟩ "
+        "deq(safe,q) settled(1,completed) idle")
     return s
 
 
@@ -376,6 +444,9 @@ def b11() -> Session:
     assert s.log() == []
     s.expect_live("enq(go,q) running deq(go,q) cancel-req(user) idle")
     assert s.trace() == ["tick(wake)", "enq(go,q)", "running", "⟨prompt-submit⟩", "deq(go,q)",
-                         "cancel-req(user)", "abort", "tick(rejected-admission)", "idle"]
+                         "cancel-req(user)", "abort(user)", "tick(rejected-admission)", "idle"]
+    # the admission has its own signal (distinct from any turn's)
+    (abort,) = [o for o in s.outputs if isinstance(o, Control) and o.kind == "abort"]
+    assert abort.payload["signal"] == s.effects("prompt-submit")[0].payload["signal"]
     return s
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from machine.conformance.authoring import Session, calls, error, live, result, scenario
+from machine.conformance.authoring import Session, calls, error, live, notation, result, scenario
 from machine.events import Event
 from machine.io import Effect
+from machine.jsonvalue import thaw
 
 TS1 = {"turn": 1, "trigger": {"kind": "message", "source": {"kind": "user"}}}
 
@@ -128,7 +129,7 @@ def g2b() -> Session:
     return s
 
 
-def _lifecycle_one() -> list[Event]:
+def lifecycle_one() -> list[Event]:
     first = Session("one")
     first.followup("first")
     first.run()
@@ -141,7 +142,7 @@ def _lifecycle_one() -> list[Event]:
           "history",
           ["R4.7", "R9.6", "R4.8", "P11"], ["scenario", "scenario:G6"])
 def g6() -> Session:
-    seed = _lifecycle_one()
+    seed = lifecycle_one()
     s = Session("two", seed=seed, session_start="resume")
     s.followup("second")
     s.run()
@@ -149,6 +150,9 @@ def g6() -> Session:
                  "TE(1,completed) TS(2,msg:user) UM('second') SS(2.1) RH(resume) CH… "
                  "AM(2.1;'two') SE(2.1) TE(2,completed)")
     assert s.requests() == [["'first'", "'one'", "'second'"]]
+    assert [d["reason"] for d in s.data("request/header")] == ["initial", "resume"]
+    history = s.effects("model")[0].history
+    assert history is not None and history[0].to_json() == thaw(seed[1].data)  # the first prompt
     assert s.live(publication=True)[:3] == ["session/created", "agent/created",
                                             "session-start(resume)"]
     return s
@@ -160,10 +164,14 @@ def g6() -> Session:
           "and, with nothing pending, does nothing",
           ["P11", "R3.1", "R19", "R16.1"], ["scenario", "scenario:G8"])
 def g8() -> Session:
-    s = Session(seed=_lifecycle_one(), session_start="resume")
+    s = Session(seed=lifecycle_one(), session_start="resume")
+    status: list[str] = []
+    s.on(live("agent/created"), lambda o: status.append(s.core.status))
     s.on(live("agent/session-start"), lambda o: s.cancel())
     s.run()
     assert s.live(publication=True) == ["session/created", "agent/created", "session-start(resume)"]
+    assert s.trace(publication=True) == ["session/created", "agent/created", "session-start(resume)"]
+    assert s.payloads("agent/created")[0]["status"] == "idle" and status == ["idle"]
     assert s.caught == []
     return s
 
@@ -192,6 +200,7 @@ def h6() -> Session:
                  "UM('stop-time context';plugin:test) TE(1,completed) TS(2,msg:user) UM('next') "
                  "SS(2.1) CH… AM(2.1;'y') SE(2.1) TE(2,completed)")
     assert s.requests()[1] == ["'go'", "'x'", "'stop-time context';plugin:test", "'next'"]
+    assert [e.payload["turn"] for e in s.effects("model")] == [1, 2]
     return s
 
 
@@ -210,10 +219,14 @@ def h7a() -> Session:
     s.steer("staged steering")
     s.resolve("prompt-submit", {"kind": "block", "reason": "no"})
     s.run()
-    assert s.log() == []
+    assert s.log() == [] and s.core.status == "idle"
+    assert (s.core.pending_steering, s.core.pending_context) == (1, 1)
+    mark = len(s.outputs)
     s.cancel()
     s.run()
     assert s.live()[-3:] == ["cancel-req(user)", "disc[staged steering]", "ctxdisc[staged context]"]
+    assert s.trace(controls=False, since=mark) == notation(
+        "cancel-req(user) disc[staged steering] ctxdisc[staged context]")
     s.followup("later")
     s.run()
     s.expect_log("TS(1,msg:user) UM('later') SS(1.1) RH(initial) CH… AM(1.1;'ok') SE(1.1) "
@@ -236,10 +249,13 @@ def h7b() -> Session:
     s.followup("go")
     s.run()
     s.expect_log("TS(1,msg:user) UM('go') TE(1,error)")
-    assert s.reasons()[0]["step"] == 1
+    assert s.reasons() == [{"kind": "error", "step": 1, "message": "step failed"}]
+    assert s.core.pending_context == 1 and s.core.status == "idle"
+    mark = len(s.outputs)
     s.cancel()
     s.run()
     assert s.live()[-2:] == ["cancel-req(user)", "ctxdisc[C]"]
+    assert s.trace(controls=False, since=mark) == notation("cancel-req(user) ctxdisc[C]")
     return s
 
 
@@ -254,6 +270,7 @@ def h9() -> Session:
     def body(e: Effect) -> Any:
         bad = {**s.msg("bad context"), "source": {"kind": ""}}
         assert s.attempt(lambda: s.core.inject(bad)) is not None
+        assert s.core.pending_context == 0
         return ("resolve", result())
     s.handle("tool-execute", body)
     s.followup("go")
@@ -261,5 +278,5 @@ def h9() -> Session:
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'calling'+call c1) "
                  "TC(1.1;c1) TR(1.1;c1;ok) SE(1.1) SS(1.2) CH… AM(1.2;'done') SE(1.2) "
                  "TE(1,completed)")
-    assert len(s.effects("model")) == 2
+    assert len(s.effects("model")) == 2 and not s.live("agent/error")
     return s

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from machine.conformance.authoring import HOLD, Session, calls, durable, error, result, scenario
+from machine.conformance.authoring import (
+    HOLD,
+    Session,
+    calls,
+    durable,
+    error,
+    notation,
+    result,
+    scenario,
+)
 from machine.io import Effect
 
 PARALLEL: Any = "parallel"
@@ -34,6 +43,11 @@ def c1() -> Session:
     assert trace.index("⟨turn-stopping 1⟩") > trace.index("[SE(1.2)]")
     assert len(s.effects("turn-stopping")) == 1
     assert s.requests()[1] == ["'start'", "call c1", "TR:c1", "'change of plans'"]
+    trace = s.trace(durable=("TR", "STM", "SS", "SE"), effects=("tool-execute", "turn-stopping"))
+    assert trace[trace.index("⟨execute c1⟩"):] == notation(
+        "⟨execute c1⟩ enq(change of plans,s) [TR(1.1;c1;ok)] deq(change of plans,s) "
+        "[STM(1;'change of plans';user)] [SE(1.1)] [SS(1.2)] [SE(1.2)] ⟨turn-stopping 1⟩ "
+        "settled(1,completed) idle")
     return s
 
 
@@ -144,6 +158,11 @@ def c8() -> Session:
                  "STM(1;'continue';plugin:loop-test) SS(1.3) CH… AM(1.3;'step 3') SE(1.3) "
                  "TE(1,completed)")
     assert len(s.effects("model")) == 3
+    trace = s.trace(durable=("STM",), effects=("turn-stopping", "step"))
+    for k in (2, 3):
+        i = trace.index(f"⟨step 1.{k}⟩")
+        assert trace[i - 4:i] == notation("⟨turn-stopping 1⟩ enq(continue,s) deq(continue,s) "
+                                          "[STM(1;'continue';plugin:loop-test)]")
     return s
 
 
@@ -168,6 +187,11 @@ def c10() -> Session:
     s.expect_live("enq(go,q) running deq(go,q) enq(too late for this turn,q) settled(1,completed) "
                   "deq(too late for this turn,q) settled(2,completed) idle")
     assert len(s.effects("tick")) == 1
+    trace = s.trace(durable=("TE",), effects=("flush",))
+    assert trace[trace.index("[TE(1,completed)]"):] == notation(
+        "[TE(1,completed)] enq(too late for this turn,q) flush(1) settled(1,completed) "
+        "deq(too late for this turn,q) [TE(2,completed)] flush(2) settled(2,completed) idle")
+    assert s.requests()[1][-1] == "'too late for this turn'"
     return s
 
 
@@ -187,6 +211,11 @@ def c13() -> Session:
     assert s.reasons()[0] == {"kind": "error", "step": 1, "message": "boom in pre-step"}
     s.expect_live("enq(first,q) enq(second,q) running deq(first,q) error(1,1,'boom in pre-step') "
                   "settled(1,error) deq(second,q) settled(2,completed) idle")
+    assert s.trace(durable=("TE",), effects=("step", "flush")) == notation(
+        "enq(first,q) enq(second,q) running deq(first,q) ⟨step 1.1⟩ error(1,1,'boom in pre-step') "
+        "[TE(1,error)] flush(1) settled(1,error) deq(second,q) ⟨step 2.1⟩ [TE(2,completed)] "
+        "flush(2) settled(2,completed) idle")
+    assert [e.payload["turn"] for e in s.effects("model")] == [2]
     return s
 
 
@@ -212,7 +241,12 @@ def d1() -> Session:
                  "TR(1.1;c1;ERR ABD) SE(1.1) TE(1,aborted) TS(2,msg:user) UM('continue safely') "
                  "SS(2.1) CH… AM(2.1;'recovered after cancellation') SE(2.1) TE(2,completed)")
     assert not s.effects("tool-prepare") and not s.effects("tool-execute")
+    assert not s.live("agent/error")
     assert [e.payload["step"] for e in s.effects("step")] == [1, 2, 1]
+    trace = s.trace(durable=("AM", "TE"), effects=("step", "flush"))
+    assert trace[trace.index("[AM(1.1;call c1)]"):trace.index("idle") + 1] == notation(
+        "[AM(1.1;call c1)] cancel-req(user) abort(user) ⟨step 1.2⟩ [TE(1,aborted)] flush(1) "
+        "settled(1,aborted) idle")
     assert s.requests()[1] == ["'go'", "call c1", "TR:c1", "'continue safely'"]
     tr = s.data("tool/result")[0]
     assert tr["error"] == {"name": "AbortError", "code": "ABORTED_BEFORE_DISPATCH"}
@@ -293,6 +327,7 @@ def d8() -> Session:
         s.msg("accepted result context during disposal", "plugin:test")])))
     s.followup("go")
     s.run()
+    mark = len(s.outputs)
     s.dispose()
     s.run()
     s.resolve("tool-execute", result())
@@ -300,6 +335,9 @@ def d8() -> Session:
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;call c1) TC(1.1;c1) "
                  "TR(1.1;c1;ERR ABORTED) UM('accepted result context during disposal';plugin:test) "
                  "SE(1.1) TE(1,disposed)")
+    assert s.trace(durable=("TE",), effects=("step", "flush"), since=mark) == notation(
+        "ctxdisc[accepted before disposal] abort(disposed) ⟨step 1.2⟩ [TE(1,disposed)] flush(1) "
+        "settled(1,aborted) idle agent/disposed session/disposed")
     s.expect_live("enq(go,q) running deq(go,q) ctxdisc[accepted before disposal] "
                   "settled(1,aborted) idle agent/disposed session/disposed")
     return s

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from scenarios_gh import _lifecycle_one  # a finished session to resume (G6)
-
 from machine.conformance.authoring import Session, calls, error, model_failure, result, scenario
+from machine.conformance.corpus.scenarios_gh import lifecycle_one  # a finished session to resume (G6)
 from machine.io import Effect
+from machine.jsonvalue import thaw
 
 PARALLEL: Any = "parallel"
 EXCLUSIVE: Any = "exclusive"
@@ -57,7 +57,7 @@ def rejected_two_contexts() -> Session:
     s.resolve("prompt-submit", {"kind": "block", "reason": "no"})
     s.run()
     s.expect_log("UM('c1';plugin:test) UM('c2';plugin:test)")
-    trace = s.trace(effects=True)
+    trace = s.trace()
     assert trace.index("[UM('c2';plugin:test)]") < trace.index("tick(rejected-admission)"), trace
     assert not [t for t in s.live() if t.startswith("ctxdisc")]
     s.followup("next")
@@ -145,7 +145,7 @@ def pool_limit_one() -> Session:
                  "AM(1.1;call c1+call c2+call c3) TC(1.1;c1) TR(1.1;c1;ok) TC(1.1;c2) "
                  "TR(1.1;c2;ok) TC(1.1;c3) TR(1.1;c3;ok) SE(1.1) SS(1.2) CH… AM(1.2;'done') "
                  "SE(1.2) TE(1,completed)")
-    trace = s.trace(events=False)
+    trace = s.trace(durable=())
     stages = [t for t in trace if t.startswith(("⟨prepare", "⟨execute", "⟨finalize"))]
     assert stages == [f"⟨{stage} {c}⟩" for c in ("c1", "c2", "c3")
                       for stage in ("prepare", "execute", "finalize")], stages
@@ -247,7 +247,8 @@ def pools_around_exclusive() -> Session:
 
 
 def _prior(s: Session) -> list[list[str]]:
-    return [[f["message"] for f in e.payload["priorFailures"]] for e in s.effects("request-error")]
+    return [[f["message"] for f in thaw(e.payload)["priorFailures"]]
+            for e in s.effects("request-error")]
 
 
 @scenario("BS-two-failing-chains-reset-prior-failures",
@@ -441,7 +442,7 @@ def unpublished() -> Session:
           ["R4.7", "R9.6", "R10.2", "R10.4", "R13.2", "R13.3", "P11"], ["rule", "tools"])
 def resumed_parallel_retry() -> Session:
     s = Session(calls(("c1", "p"), ("c2", "p")), model_failure("down", "UNAVAILABLE"), "back",
-                seed=_lifecycle_one(), session_start="resume", tool_modes={"p": PARALLEL},
+                seed=lifecycle_one(), session_start="resume", tool_modes={"p": PARALLEL},
                 max_parallel=2)
     s.handle("request-error", lambda e: ("resolve", {"kind": "retry"}), times=1)
     s.followup("second")
@@ -463,7 +464,7 @@ def resumed_parallel_retry() -> Session:
           "its pending steering and context",
           ["R7.10", "R16.2", "D6", "R4.7", "P11"], ["rule", "cancel", "differs-from-original", "D6"])
 def resumed_rejected_and_cancel() -> Session:
-    s = _admission_pending(Session("ok", seed=_lifecycle_one(), session_start="resume"),
+    s = _admission_pending(Session("ok", seed=lifecycle_one(), session_start="resume"),
                            "blocked", "c1", "c2")
     s.resolve("prompt-submit", {"kind": "block", "reason": "no"})
     s.run()

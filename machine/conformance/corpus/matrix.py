@@ -5,11 +5,15 @@ Every vector issues one command (steer 'S', inject 'C' from plugin:test,
 followup 'F', cancel, or dispose) at the row's position: as an observer of
 the named output, or while the named effect is outstanding (an observer of
 its request). The vector ids are ``M<row>-<command>`` with R19's row
-numbers; the review asserts the cell.
+numbers; the review asserts the cell, and `review_cell` what every cell of
+the row states: the window column (`WINDOW`) where the command is issued, the
+placement of a steer or followup, the teardown of a disposal, no agent/error
+from a cancel, a quiescent end.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,7 +29,9 @@ from machine.conformance.authoring import (
     model_failure,
     result,
     scenario,
+    text_of,
 )
+from machine.io import Effect
 
 ROWS = {
     1: "anywhere while a wake is pending",
@@ -69,10 +75,53 @@ CONTEXT_AT_END = ("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'one
                   "UM('C';plugin:test) SE(1.1) TE(1,completed)")
 
 
+#: R19's window column: whether the acceptance window is open where the row's commands land
+#: (rows 24 and 25 are "as at that cancel", row 27 "torn down": no single value).
+WINDOW: dict[int, bool] = {row: 2 <= row <= 18 for row in (*range(1, 24), 26)}
+
+#: The commands each session's `at` observers issued, with the window at that moment.
+FIRED: weakref.WeakKeyDictionary[Session, list[tuple[str, bool]]] = weakref.WeakKeyDictionary()
+
+
 def cell(row: int, command: str, title: str, rules: Sequence[str], tags: Sequence[str] = ()
          ) -> Callable[[Callable[[], Session]], Callable[[], Session]]:
-    return scenario(f"M{row:02d}-{command}", f"R19 row {row} ({ROWS[row]}), {command}: {title}",
-                    ["R19", "R0.5", *rules, "P2"], ["matrix", f"matrix:row{row}", *tags])
+    """Register the cell *command* of *row*: the play's own review, then `review_cell`."""
+    def register(play: Callable[[], Session]) -> Callable[[], Session]:
+        def reviewed() -> Session:
+            s = play()
+            review_cell(s, row, command)
+            return s
+        scenario(f"M{row:02d}-{command}", f"R19 row {row} ({ROWS[row]}), {command}: {title}",
+                 ["R19", "R0.5", *rules, "P2"], ["matrix", f"matrix:row{row}", *tags])(reviewed)
+        return play
+    return register
+
+
+def review_cell(s: Session, row: int, command: str) -> None:
+    """What holds of every cell: the command (issued once by an `at` observer) lands with the
+    window of the row's column; a steer is enqueued as steering when the window is open, else
+    queued, a followup queued (R5.3); a disposal tears down without cancel-requested (R17.1);
+    a cancel or a disposal reports no agent/error unless the turn failed by itself; the agent
+    ends quiescent."""
+    base = command.split("-")[0]
+    fired = FIRED.get(s, [])
+    if fired:
+        assert [c for c, _ in fired] == [base], fired
+        window = fired[0][1]
+        if row in WINDOW:
+            assert window == WINDOW[row], f"the window is {'open' if window else 'closed'}"
+        own = {"steer": "S", "followup": "F"}.get(base)
+        if own is not None:
+            placements = [p["placement"] for p in s.payloads("agent/inbox/enqueue")
+                          if text_of(p["message"]) == own]
+            assert placements == ["steering" if base == "steer" and window else "queued"], placements
+    if base == "dispose":
+        assert s.core.disposed and s.live()[-2:] == ["agent/disposed", "session/disposed"]
+        assert "cancel-req(disposed)" not in s.live()
+    if base in ("cancel", "dispose"):
+        assert not s.live("agent/error") or any(t.startswith("TE(") and "error" in t
+                                                for t in s.log()), s.live("agent/error")
+    assert s.core.is_quiescent
 
 
 def issue(s: Session, command: str) -> None:
@@ -91,7 +140,11 @@ def issue(s: Session, command: str) -> None:
 
 
 def at(s: Session, predicate: Predicate, command: str, *, nth: int = 1) -> None:
-    s.on(predicate, lambda o: issue(s, command), nth=nth)
+    """Issue *command* at the *nth* output matching *predicate* (noted in `FIRED`)."""
+    def fire(o: object) -> None:
+        FIRED.setdefault(s, []).append((command, s.core.accepts_next_step))
+        issue(s, command)
+    s.on(predicate, fire, nth=nth)
 
 
 def basic(position: Predicate, command: str, *replies: Any, nth: int = 1) -> Session:
@@ -119,6 +172,7 @@ def m01_steer() -> Session:
     s = basic(ENQ_GO, "steer")
     s.expect_log(TWO_TURNS.replace("'F'", "'S'"))
     assert s.live()[:2] == ["enq(go,q)", "enq(S,q)"] and len(s.effects("tick")) == 1
+    assert s.live("agent/status") == ["running", "idle"]
     return s
 
 
@@ -133,6 +187,7 @@ def m01_inject() -> Session:
 def m01_followup() -> Session:
     s = basic(ENQ_GO, "followup")
     s.expect_log(TWO_TURNS)
+    assert s.live("agent/status") == ["running", "idle"]
     return s
 
 
@@ -195,7 +250,7 @@ def m02_followup() -> Session:
       ["cancel"])
 def m02_cancel() -> Session:
     s = basic(RUNNING, "cancel")
-    assert s.log() == [] and not s.effects("prompt-submit")
+    assert s.log() == [] and not s.effects("prompt-submit") and not s.effects("flush")
     s.expect_live("enq(go,q) running cancel-req(user) deq(go,q) idle")
     return s
 
@@ -205,7 +260,7 @@ def m02_cancel() -> Session:
       ["dispose"])
 def m02_dispose() -> Session:
     s = basic(RUNNING, "dispose")
-    assert s.log() == [] and not s.effects("prompt-submit")
+    assert s.log() == [] and not s.effects("prompt-submit") and not s.effects("flush")
     s.expect_live("enq(go,q) running deq(go,q) idle agent/disposed session/disposed")
     return s
 
@@ -249,6 +304,10 @@ def m03_dispose() -> Session:
     s = basic(DEQ_GO, "dispose")
     assert s.log() == []
     teardown_ok(s)
+    assert s.live()[-4:] == ["deq(go,q)", "idle", "agent/disposed", "session/disposed"]
+    assert s.live("agent/status") == ["running", "idle"]
+    assert len(s.effects("prompt-submit")) == 1 and not s.live("agent/settled")
+    assert not s.effects("flush")
     return s
 
 
@@ -308,7 +367,7 @@ def m04_cancel() -> Session:
     trace = s.trace()
     assert trace[trace.index("warn('prompt admission failed: admission broke')"):] == [
         "warn('prompt admission failed: admission broke')", "cancel-req(user)", "disc[second]",
-        "abort", "tick(rejected-admission)", "idle"], trace
+        "abort(user)", "tick(rejected-admission)", "idle"], trace
     return s
 
 
@@ -351,6 +410,7 @@ def m05_inject() -> Session:
 def m05_followup() -> Session:
     s = basic(TURN_START, "followup")
     s.expect_log(TWO_TURNS)
+    assert s.live("agent/status") == ["running", "idle"]
     return s
 
 
@@ -359,6 +419,7 @@ def m05_followup() -> Session:
 def m05_cancel() -> Session:
     s = basic(TURN_START, "cancel")
     s.expect_log("TS(1,msg:user) UM('go') TE(1,aborted)")
+    assert s.live("agent/cancel-requested") == ["cancel-req(user)"]
     return s
 
 
@@ -367,6 +428,7 @@ def m05_cancel() -> Session:
 def m05_dispose() -> Session:
     s = basic(TURN_START, "dispose")
     s.expect_log("TS(1,msg:user) UM('go') TE(1,disposed)")
+    assert s.live("agent/cancel-requested") == []
     teardown_ok(s)
     return s
 
@@ -412,7 +474,9 @@ def rest_drain(command: str, *replies: Any) -> Session:
     """Steering staged during admission is written by the rest drain; the command is issued at
     that steering/message."""
     s = Session(*(replies or ("one", "two")))
-    s.handle("prompt-submit", lambda e: s.steer("R") or None, times=1)
+    def admission(e: Effect) -> None:
+        s.steer("R")
+    s.handle("prompt-submit", admission, times=1)
     at(s, durable("steering/message"), command)
     s.followup("go")
     s.run()
@@ -505,7 +569,9 @@ def top_drain(command: str, *replies: Any) -> Session:
     """Context injected during {step} is written by the top-of-step drain; the command is issued
     at that user/message."""
     s = Session(*(replies or ("one", "two")))
-    s.handle("step", lambda e: s.inject("T", "plugin:top") or None, times=1)
+    def step_hook(e: Effect) -> None:
+        s.inject("T", "plugin:top")
+    s.handle("step", step_hook, times=1)
     at(s, durable("user/message", id="m2"), command)
     s.followup("go")
     s.run()
@@ -664,7 +730,7 @@ def m12_cancel() -> Session:
     s.run()
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) SE(1.1) TE(1,aborted)")
     trace = s.trace()
-    assert trace[trace.index("abort"):trace.index("[SE(1.1)]")] == ["abort", "release"], trace
+    assert trace[trace.index("abort(user)"):trace.index("[SE(1.1)]")] == ["abort(user)", "release"], trace
     assert not s.driver.held
     return s
 
@@ -1082,6 +1148,7 @@ def m19_inject() -> Session:
 def m19_followup() -> Session:
     s = basic(TURN_END, "followup")
     s.expect_log(TWO_TURNS)
+    assert s.live("agent/status") == ["running", "idle"] and len(s.effects("tick")) == 1
     return s
 
 
@@ -1093,7 +1160,7 @@ def m19_cancel() -> Session:
     s.expect_log(FAILED_TURN)
     trace = s.trace()
     assert trace[trace.index("[TE(1,error)]"):] == [
-        "[TE(1,error)]", "cancel-req(user)", "abort", "flush(1)", "settled(1,error)", "idle"], trace
+        "[TE(1,error)]", "cancel-req(user)", "abort(user)", "flush(1)", "settled(1,error)", "idle"], trace
     return s
 
 
@@ -1103,6 +1170,7 @@ def m19_dispose() -> Session:
     s = basic(TURN_END, "dispose")
     s.expect_log(ONE_TURN)
     assert s.live()[-4:] == ["settled(1,completed)", "idle", "agent/disposed", "session/disposed"]
+    assert s.live("agent/cancel-requested") == []
     return s
 
 
@@ -1218,6 +1286,7 @@ def m21_inject() -> Session:
 def m21_followup() -> Session:
     s = basic(SETTLED, "followup")
     s.expect_log(TWO_TURNS)
+    assert s.live("agent/status") == ["running", "idle"] and len(s.effects("tick")) == 1
     return s
 
 
@@ -1332,6 +1401,7 @@ def m23_steer() -> Session:
 def m23_inject() -> Session:
     s = basic(IDLE, "inject")
     s.expect_log(ONE_TURN + " UM('C';plugin:test)")
+    assert s.live("agent/status") == ["running", "idle"]
     return s
 
 

@@ -12,10 +12,13 @@ from machine.conformance.authoring import (
     error,
     live,
     model_failure,
+    notation,
     result,
     scenario,
 )
-from machine.io import Effect
+from machine.errors import InvariantError
+from machine.io import Control, Effect, Live
+from machine.jsonvalue import thaw
 
 ABORT = error("the signal was aborted", "AbortError")
 
@@ -42,15 +45,27 @@ def two_chunks(s: Session) -> None:
           ["R16.2", "R16.1", "R6.2", "R19", "R20.1", "P7"], ["scenario", "scenario:E1", "cancel"])
 def e1() -> Session:
     s = Session()
-    s.on(live("agent/cancel-requested"), lambda o: s.followup("queued by cancel observer"))
+    seen: list[str] = []
+
+    def observer(o: object) -> None:
+        assert isinstance(o, Live)
+        seen.append(thaw(o.event.payload)["cause"]["kind"])
+        s.followup("queued by cancel observer")
+    s.on(live("agent/cancel-requested"), observer)
     s.followup("drop me")
     s.cancel()
     s.run()
+    mark = len(s.outputs)
     s.cancel("parent")
     s.run()
+    assert s.outputs[mark:] == []            # the second cancel emits nothing
+    assert seen == ["user"]
     assert s.log() == []
     s.expect_live("enq(drop me,q) cancel-req(user) enq(queued by cancel observer,q) "
                   "disc[drop me,queued by cancel observer]")
+    assert s.trace(durable=(), effects=("tick",)) == notation(
+        "tick(wake) enq(drop me,q) cancel-req(user) enq(queued by cancel observer,q) "
+        "disc[drop me,queued by cancel observer]")
     assert not s.effects("prompt-submit")
     return s
 
@@ -62,9 +77,10 @@ def e1() -> Session:
 def e2() -> Session:
     s = Session("ok")
     s.pump()
+    mark = len(s.outputs)
     s.cancel()
     s.pump()
-    assert s.live() == []
+    assert s.live() == [] and s.outputs[mark:] == []
     s.followup("real prompt")
     s.run()
     s.expect_log("TS(1,msg:user) UM('real prompt') SS(1.1) RH(initial) CH… AM(1.1;'ok') SE(1.1) "
@@ -101,6 +117,9 @@ def e4() -> Session:
     assert s.log() == []
     s.expect_live("enq(quiet,q) cancel-req(user) disc[quiet]")
     assert s.core.is_quiescent
+    mark = len(s.outputs)
+    s.run()
+    assert s.outputs[mark:] == [] and s.core.pending_queued == 0
     return s
 
 
@@ -111,9 +130,12 @@ def e4() -> Session:
 def e6() -> Session:
     s = Session("ok")
     s.followup("first")
+    assert not s.core.is_quiescent
     s.cancel()
     s.followup("second")
+    assert not s.core.is_quiescent
     s.run()
+    assert s.core.is_quiescent
     s.expect_log("TS(1,msg:user) UM('second') SS(1.1) RH(initial) CH… AM(1.1;'ok') SE(1.1) "
                  "TE(1,completed)")
     s.expect_live("enq(first,q) cancel-req(user) disc[first] enq(second,q) running deq(second,q) "
@@ -146,6 +168,7 @@ def e9() -> Session:
     s.followup("go")
     s.run()
     assert s.log() == [] and not s.effects("model")
+    assert s.core.status == "idle" and s.core.disposed
     s.expect_live("enq(go,q) running deq(go,q) idle agent/disposed session/disposed")
     return s
 
@@ -156,13 +179,20 @@ def e9() -> Session:
           ["R16.4", "R19", "R6.1"], ["scenario", "scenario:E10", "cancel"])
 def e10a() -> Session:
     s = Session("one", "two")
+    quiescent: list[bool] = []
 
     def on_idle(o: object) -> None:
         s.followup("cancelled replacement")
+        quiescent.append(s.core.is_quiescent)    # W = whenIdle(): pending
         s.cancel()
     s.on(live("agent/status", status="idle"), on_idle)
     s.followup("first")
     s.run()
+    assert s.trace(durable=(), effects=())[-3:] == notation(
+        "enq(cancelled replacement,q) cancel-req(user) disc[cancelled replacement]")
+    assert quiescent == [False]
+    assert s.core.is_quiescent and s.core.status == "idle"      # W completes
+    assert len(s.effects("model")) == 1 and len(s.of("turn/start")) == 1
     s.followup("later")
     s.run()
     assert [t for t in s.live() if t.startswith(("cancel-req", "disc"))] == [
@@ -203,6 +233,7 @@ def e11() -> Session:
     s.followup("go")
     s.run()
     two_chunks(s)
+    mark = len(s.outputs)
     s.followup("queued tail")
     s.cancel()
     s.run()
@@ -211,6 +242,10 @@ def e11() -> Session:
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH CH SE(1.1) TE(1,aborted)")
     s.expect_live("enq(go,q) running deq(go,q) enq(queued tail,q) cancel-req(user) "
                   "disc[queued tail] settled(1,aborted) idle")
+    assert s.trace(durable=("SE", "TE"), effects=("flush",), since=mark) == notation(
+        "enq(queued tail,q) cancel-req(user) disc[queued tail] abort(user) [SE(1.1)] "
+        "[TE(1,aborted)] flush(1) settled(1,aborted) idle")
+    assert len(s.effects("model")) == 1
     return s
 
 
@@ -276,6 +311,8 @@ def _e16(seam: str, dispose: bool) -> Session:
     s.run()
     s.expect_log("TS(1,msg:user) UM('go') TE(1,%s)" % ("disposed" if dispose else "aborted"))
     assert not s.effects("model")
+    if dispose:
+        assert s.trace()[-2:] == ["agent/disposed", "session/disposed"]
     return s
 
 
@@ -324,6 +361,8 @@ def e18a() -> Session:
     s.cancel("parent")
     s.cancel("user")
     s.run()
+    reason = s.core.signal_reason(thaw(s.held("model").payload)["signal"])
+    assert reason is not None and reason.to_json() == {"kind": "parent"}
     s.fail_model(ABORT)
     s.run()
     assert [t for t in s.live() if t.startswith("cancel-req")] == [
@@ -344,6 +383,7 @@ def e18b() -> Session:
     s.followup("go")
     s.run()
     two_chunks(s)
+    mark = len(s.outputs)
     s.cancel()
     s.dispose()
     s.run()
@@ -351,6 +391,8 @@ def e18b() -> Session:
     s.run()
     assert s.reasons() == [{"kind": "aborted"}]
     assert s.live()[-4:] == ["settled(1,aborted)", "idle", "agent/disposed", "session/disposed"]
+    assert s.trace(durable=(), effects=(), controls=False, since=mark) == notation(
+        "cancel-req(user) settled(1,aborted) idle agent/disposed session/disposed")
     return s
 
 
@@ -366,7 +408,9 @@ def _e19(seam: str, replies: list[Any], expected: str, *, answer: Any = None) ->
     s.expect_log(expected)
     signals = {e.payload["signal"] for e in s.effects()
                if e.kind not in ("tick", "flush", "prompt-submit") and "signal" in e.payload}
-    assert len(signals) == 1
+    (abort,) = [o for o in s.outputs if isinstance(o, Control) and o.kind == "abort"]
+    assert signals == {abort.payload["signal"]} == {s.effects(seam)[0].payload["signal"]}
+    assert s.effects("prompt-submit")[0].payload["signal"] != abort.payload["signal"]
     return s
 
 
@@ -429,7 +473,7 @@ def e21() -> Session:
     s.run()
     s.expect_log("TS(1,msg:user) UM('go') TE(1,disposed)")
     assert not [t for t in s.live() if t.startswith("error")]
-    assert "settled(1,aborted)" in s.live()
+    assert s.live("agent/settled") == ["settled(1,aborted)"]
     return s
 
 
@@ -513,7 +557,7 @@ def f5() -> Session:
     s.run()
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) SE(1.1) TE(1,error)")
     assert "warn('request recovery failed: recovery broke')" in s.live()
-    assert "settled(1,error)" in s.live()
+    assert s.live("agent/settled") == ["settled(1,error)"]
     assert len(s.effects("model")) == 1
     return s
 
@@ -550,6 +594,7 @@ def f7a() -> Session:
     s.expect_log("TS(1,msg:user) UM('first') SS(1.1) RH(initial) CH… AM(1.1;'one') SE(1.1) "
                  "TE(1,completed) TS(2,msg:user) UM('go') SS(2.1) CH… AM(2.1;'two') SE(2.1) "
                  "TE(2,completed)")
+    assert not s.live("agent/error") and len(s.effects("model")) == 2
     return s
 
 
@@ -562,9 +607,15 @@ def f7b() -> Session:
     s = Session("one")
 
     def step_hook(e: Effect) -> Any:
-        problem = s.attempt(lambda: s.core.append(
-            "turn/start", {"turn": 2, "trigger": {"kind": "retry"}}) and None)
-        assert problem is not None and "turn 1 is still open" in problem, problem
+        before = len(s.core.log)
+        try:
+            s.core.append("turn/start", {"turn": 2, "trigger": {"kind": "retry"}})
+        except InvariantError as exc:   # refused before commit (L2): the recorder records it
+            s.caught.append(str(exc))
+            assert "turn 1 is still open" in str(exc), exc
+        else:
+            raise AssertionError("a second turn/start was appended inside turn 1")
+        assert len(s.core.log) == before == 2
         return None
     s.handle("step", step_hook, times=1)
     s.followup("first")
@@ -586,6 +637,7 @@ def f8() -> Session:
     s.run()
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'ok') SE(1.1) "
                  "TE(1,completed)")
+    assert not s.live("agent/error")
     return s
 
 
@@ -601,9 +653,15 @@ def f9a() -> Session:
     s.followup("second")
     s.run()
     assert s.core.status == "running" and "TS(2,msg:user)" not in s.log()
+    assert not s.core.is_quiescent and [e.payload["turn"] for e in s.effects("flush")] == [1]
     assert len(s.effects("model")) == 1
     s.resolve("flush")
     s.run()
+    assert len(s.effects("model")) == 2
+    trace = s.trace(durable=("TE",), effects=("flush",))
+    assert trace[trace.index("[TE(1,completed)]"):] == notation(
+        "[TE(1,completed)] flush(1) settled(1,completed) deq(second,q) [TE(2,completed)] flush(2) "
+        "settled(2,completed) idle")
     s.expect_live("enq(first,q) enq(second,q) running deq(first,q) settled(1,completed) "
                   "deq(second,q) settled(2,completed) idle")
     assert [e.payload["turn"] for e in s.effects("flush")] == [1, 2]
@@ -623,6 +681,8 @@ def f9b() -> Session:
     assert [t for t in s.live() if t.startswith("error")] == ["error(1,1,'disk unavailable')"]
     assert "warn('session flush failed at turn 1: disk unavailable')" in s.live()
     assert "settled(1,completed)" in s.live() and len(s.effects("flush")) == 2
+    assert s.live("agent/settled") == ["settled(1,completed)", "settled(2,completed)"]
+    assert s.reasons() == [{"kind": "completed"}, {"kind": "completed"}]
     assert len(s.effects("model")) == 2
     return s
 
@@ -637,7 +697,8 @@ def f10() -> Session:
     s.run()
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'truncat') SE(1.1) "
                  "TE(1,max-tokens)")
-    assert len(s.effects("turn-stopping")) == 1 and "settled(1,completed)" in s.live()
+    assert len(s.effects("turn-stopping")) == 1 and len(s.effects("model")) == 1
+    assert s.live("agent/settled") == ["settled(1,completed)"]
     return s
 
 
@@ -655,7 +716,9 @@ def f12a() -> Session:
                  "TE(1,max-tokens)")
     am = s.data("assistant/message")[0]
     assert set(am) == {"turn", "step", "message", "usage"} and am["usage"] == usage
+    assert (am["turn"], am["step"]) == (1, 1)
     assert am["message"]["content"] == []
+    assert s.history() == ["'go'"]
     assert not [e for e in s.effects() if e.kind.startswith("tool-")]
     return s
 

@@ -1,23 +1,28 @@
-"""Regenerate the example session logs in this folder.
+"""Regenerate the example session logs of ``specs/examples`` (specs/log.md).
 
-    .venv/bin/python specs/examples/make_examples.py
+    python -m machine.conformance.corpus.examples            # (re)write them
+    python -m machine.conformance.corpus.examples --check    # exit 1 if any is stale
 
 The valid log is built through `SessionLog` itself, so it passes the checks by
 construction; the broken ones are a valid prefix plus the damage written by
 hand below. Times are fixed (1764489600000 + seq) so the files are stable.
+The other files of ``specs/examples`` (the ``.json`` example scripts) are written by hand.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from machine.log import SessionLog
+from machine.specfiles import spec_root
 from machine.vocabulary import Message, tool_result_block, user_message
 
-HERE = Path(__file__).resolve().parent
+__all__ = ["examples", "examples_folder", "main"]
+
 EPOCH_MS = 1764489600000
 MODEL_SOURCE = {"kind": "model", "provider": "demo", "model": "demo-1"}
 HEADER: dict[str, Any] = {"config": {"provider": "demo", "model": "demo-1", "maxTokens": 1024},
@@ -100,9 +105,9 @@ def lines_of(log: SessionLog) -> list[str]:
     return [json.dumps(event.to_json(), separators=(",", ":")) for event in log.events]
 
 
-def main() -> None:
+def examples() -> dict[str, str]:
+    """The generated example logs: file name -> text."""
     valid = lines_of(multi_turn_with_injection())
-    (HERE / "multi-turn-with-injection.jsonl").write_text("\n".join(valid) + "\n")
 
     # A chunk that arrives after turn 1 ended: execution between turns (L6).
     first_turn = new_log()
@@ -112,13 +117,38 @@ def main() -> None:
                   "time": EPOCH_MS + len(first_turn),
                   "data": {"turn": 1, "step": 2, "chunk": {"type": "text", "text": "!"}}}
     bad = [*lines_of(first_turn), json.dumps(late_chunk, separators=(",", ":"))]
-    (HERE / "enclosure-violation.jsonl").write_text("\n".join(bad) + "\n")
 
     # A write interrupted mid-record: the final line is cut short, no newline.
     torn = valid[:5]
     torn.append(valid[5][: len(valid[5]) // 2])
-    (HERE / "torn-line.jsonl").write_text("\n".join(torn))
+    return {"multi-turn-with-injection.jsonl": "\n".join(valid) + "\n",
+            "enclosure-violation.jsonl": "\n".join(bad) + "\n",
+            "torn-line.jsonl": "\n".join(torn)}
+
+
+def examples_folder() -> Path:
+    """``examples`` of the spec folder (``specs/examples`` of a checkout)."""
+    root = spec_root()
+    if root is None:
+        raise SystemExit("no spec folder found (specs/ of a checkout, or machine/_specs)")
+    return root / "examples"
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    folder = examples_folder()
+    stale: list[str] = []
+    texts = examples()
+    for name, text in texts.items():
+        path = folder / name
+        if not path.exists() or path.read_bytes() != text.encode("utf-8"):
+            stale.append(name)
+            if not check:
+                path.write_bytes(text.encode("utf-8"))
+    verb = "stale" if check else "written"
+    print(f"{len(texts)} example logs, {len(stale)} {verb}{': ' + ', '.join(stale) if stale else ''}")
+    return 1 if check and stale else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

@@ -1,46 +1,48 @@
 """Build the conformance corpus: play every scenario, review it, write its vector.
 
-    .venv/bin/python specs/conformance/_author/build.py            # (re)write the vectors
-    .venv/bin/python specs/conformance/_author/build.py --check    # exit 1 if any file is stale
-    .venv/bin/python specs/conformance/_author/build.py A1 B3      # only ids starting with these
+    python -m machine.conformance.corpus            # (re)write the vectors
+    python -m machine.conformance.corpus --check    # exit 1 if any file is stale
+    python -m machine.conformance.corpus A1 B3      # only ids starting with these
 
-A scenario whose review (its assertions against scenarios.md and the spec)
-fails is NOT written: it is reported as a suspected core bug, and the build
-exits 1.
+A scenario whose review (its assertions against scenarios.md and the spec) fails is NOT
+written: it is reported as a suspected core bug, and the build exits 1. The vectors are
+``conformance/vectors`` of the spec folder `machine.specfiles.spec_root` finds (``specs/`` of
+a checkout).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import sys
 import traceback
+from importlib import resources
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-VECTORS = HERE.parent / "vectors"
-MODULES = ("scenarios_ab", "scenarios_cd", "scenarios_ef", "scenarios_gh", "matrix", "rules",
-           "blindspots")
+from machine.conformance.corpus import scenarios
+from machine.conformance.vectors import dump_vector, parse_vector
+from machine.specfiles import spec_root
 
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
-
-from machine.conformance.authoring import REGISTRY, Scenario  # noqa: E402
-from machine.conformance.vectors import dump_vector, parse_vector  # noqa: E402
-
-#: Where the original implementation departs, per vector tagged differs-from-original: the
-#: step of its first divergence when the corpus was run against it (specs/differences.md,
-#: "How this was established"). Informative; written into the vectors as "original".
-ORIGINAL_STEPS: dict[str, int] = {
-    line.split("\t")[0]: int(line.split("\t")[1])
-    for line in (HERE / "original-steps.tsv").read_text("utf-8").splitlines()
-    if line and not line.startswith("#")}
+__all__ = ["ORIGINAL_STEPS", "build", "main", "original_steps", "vectors_folder"]
 
 
-def scenarios() -> list[Scenario]:
-    for name in MODULES:
-        importlib.import_module(name)
-    return list(REGISTRY)
+def original_steps() -> dict[str, int]:
+    """Where the original implementation departs, per vector tagged differs-from-original: the
+    step of its first divergence when the corpus was run against it (specs/differences.md,
+    "How this was established"). Informative; written into the vectors as "original"."""
+    text = resources.files("machine.conformance.corpus").joinpath("original-steps.tsv").read_text("utf-8")
+    return {line.split("\t")[0]: int(line.split("\t")[1])
+            for line in text.splitlines() if line and not line.startswith("#")}
+
+
+ORIGINAL_STEPS: dict[str, int] = original_steps()
+
+
+def vectors_folder() -> Path:
+    """The corpus folder the build writes (``specs/conformance/vectors`` of the checkout)."""
+    root = spec_root()
+    if root is None:
+        raise SystemExit("no spec folder found (specs/ of a checkout, or machine/_specs)")
+    return root / "conformance" / "vectors"
 
 
 def build(prefixes: list[str] | None = None) -> tuple[dict[str, str], dict[str, str]]:
@@ -67,10 +69,11 @@ def build(prefixes: list[str] | None = None) -> tuple[dict[str, str], dict[str, 
 def main(argv: list[str]) -> int:
     check = "--check" in argv
     prefixes = [a for a in argv if not a.startswith("--")] or None
+    vectors = vectors_folder()
     texts, problems = build(prefixes)
     stale: list[str] = []
     for vector_id, text in sorted(texts.items()):
-        path = VECTORS / f"{vector_id}.json"
+        path = vectors / f"{vector_id}.json"
         current = path.read_text(encoding="utf-8") if path.exists() else None
         if current != text:
             stale.append(vector_id)
@@ -78,7 +81,7 @@ def main(argv: list[str]) -> int:
                 path.write_text(text, encoding="utf-8")
     if prefixes is None:
         known = set(texts) | set(problems)
-        for path in sorted(VECTORS.glob("*.json")):
+        for path in sorted(vectors.glob("*.json")):
             if path.stem not in known:
                 stale.append(path.stem)
                 if not check:
