@@ -672,7 +672,7 @@ def _core_parts(core: AgentCore) -> list[object]:
         tuple((e.type, repr(e.data), repr(e.surface_op), repr(e.source_event_seqs))
               for e in core.log.events),
         tuple(repr(item) for item in core._out),
-        tuple((k, v.kind, v.released) for k, v in core._effects.items()),
+        tuple((k, v.kind) for k, v in core._effects.items()),
         tuple(repr(m) for m in core._mail), core._wake_effect, core._wait,
         repr(core._owner), repr(core._ctrl), core._pending_retry, repr(core._prior_failures),
         core._turn, core._step, repr(core._reason), repr(core._settle), core._header_logged,

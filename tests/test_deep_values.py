@@ -1,7 +1,7 @@
 """Deeply nested values: V1's depth bound, R10.1 and P13 (regression).
 
-Mutation analysis found that a tool-call argument string of JSON nested about
-500 levels deep made ``freeze`` exhaust Python's recursion limit: the
+A tool-call argument string of JSON nested about 500 levels deep once made
+``freeze`` exhaust Python's recursion limit: the
 ``RecursionError`` escaped ``next_output()`` and left the core running with no
 way forward. V1 now bounds nesting at 128 levels (a bound every port can
 implement), and parsing that runs out of stack counts as unparsable.
@@ -91,8 +91,8 @@ def _deep_result_session(agent: AgentCore) -> Driver:
 
 
 def test_V1_values_at_the_bound_survive_the_envelopes_the_core_wraps_them_in() -> None:
-    # Found by mutation analysis: a tool result accepted at the bound was re-frozen inside
-    # a wrapper one level deeper, and the refusal escaped next_output().
+    # Regression: a tool result accepted at the bound was re-frozen inside a wrapper one
+    # level deeper, and the refusal escaped next_output().
     driver = _deep_result_session(AgentCore(CoreConfig(), clock=lambda: 0))
     core = driver.core
     (result,) = [e for e in core.log if e.type == "tool/result"]

@@ -21,6 +21,7 @@ from machine.explore import (
     Explorer,
     ExploreResult,
     Node,
+    classic_explorer,
     state_key,
 )
 from machine.invariants import AgentInvariantError, InvariantMonitor, next_status_ok, window_ok
@@ -77,6 +78,34 @@ def test_R20_1_exhaustive_reaches_every_rule_family() -> None:
     assert not missing, "never reached: " + ", ".join(f"{f} ({FAMILIES[f]})" for f in missing)
     print(f"\nexplore: all {len(FAMILIES)} rule families reached; commands issued at "
           f"{len(rows)} of the {len(ROWS)} R19 rows")
+
+
+# --------------------------------------------------------------------------
+# Quick explorations: the same checks at small depths, for runs that repeat the test
+# selection many times (``TURNSTILE_MUTATION=1``, set by ``make mutation``). Elsewhere they
+# are skipped: the CI depths above cover the same ground deeper.
+# --------------------------------------------------------------------------
+
+QUICK = os.environ.get("TURNSTILE_MUTATION") == "1"
+QUICK_DEPTH = int(os.environ.get("TURNSTILE_MUTATION_DEPTH", "5"))
+quick_only = pytest.mark.skipif(not QUICK, reason="quick exploration (TURNSTILE_MUTATION=1); "
+                                "test_R20_1_exhaustive_* cover this deeper")
+
+
+@quick_only
+def test_R20_1_quick_exploration_of_the_default_alphabet() -> None:
+    """R20.1 (the monitor) and the log's session invariants at every state within QUICK_DEPTH
+    of a fresh agent, over the classic alphabet."""
+    result = classic_explorer().run(QUICK_DEPTH)
+    assert result.failure is None, f"{result.failure}\n{result.failure.steps if result.failure else ''}"
+
+
+@quick_only
+def test_R20_1_quick_exploration_of_every_command() -> None:
+    """The same with every command in the alphabet, one level less deep."""
+    result = classic_explorer(commands=("followup", "steer", "inject", "quiet", "cancel",
+                                        "cancel-keep", "dispose")).run(max(QUICK_DEPTH - 1, 1))
+    assert result.failure is None, f"{result.failure}\n{result.failure.steps if result.failure else ''}"
 
 
 # --------------------------------------------------------------------------

@@ -1,6 +1,8 @@
-"""R20.1 invariant monitor: the ledger starts at the command, and a claim is followed to its
-dequeue. Each check is shown catching a bug planted in a copy of the core (monkeypatch) that
-the output-only ledger let through, and staying silent on the real core.
+"""R20 invariants. The R20.1 invariant monitor: the ledger starts at the command, and a claim
+is followed to its dequeue. Each check is shown catching a bug planted in a copy of the core
+(monkeypatch) that the output-only ledger let through, and staying silent on the real core;
+each report names its rule and states the counts it found. R20.2: a direct append keeps its
+envelope.
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ import pytest
 
 from machine import events as ev
 from machine.core import AgentCore, CoreConfig
-from machine.events import LiveEvent
+from machine.events import Event, LiveEvent
 from machine.invariants import AgentInvariantError, InvariantMonitor, conservation_problem
-from machine.io import Cancel, Effect, Input, Live, Output, Resolve, Send
-from machine.jsonvalue import FrozenDict, FrozenList
+from machine.io import Cancel, Durable, Effect, Input, Live, Output, Resolve, Send
+from machine.jsonvalue import FrozenDict, FrozenList, freeze
 from machine.vocabulary import FOLLOWUP, INJECT
 
 CONFIG = CoreConfig(request_options={"provider": "p", "model": "m"}, publish=False)
@@ -206,3 +208,115 @@ def test_R20_1b_a_dequeue_of_another_item_than_the_claimed_one_is_caught() -> No
         {"id": "other"}), "placement": "queued"})))
     with pytest.raises(AgentInvariantError, match=r"dequeue of 'other', but 'go' was claimed"):
         run.monitor.output(forged)
+
+
+# --------------------------------------------------------------------------
+# R20.1: the monitor names the rule and reports the counts it found
+# --------------------------------------------------------------------------
+
+
+class _Agent:
+    def __init__(self, status: str = "running", accepts_next_step: bool = False) -> None:
+        self.status = status
+        self.accepts_next_step = accepts_next_step
+
+
+class _Boxes:
+    def __init__(self) -> None:
+        self.queued: tuple[str, ...] = ()
+        self.staged_items: tuple[tuple[str, bool], ...] = ()
+
+    def queued_ids(self) -> tuple[str, ...]:
+        return self.queued
+
+    def staged(self) -> tuple[tuple[str, bool], ...]:
+        return self.staged_items
+
+
+def _status(status: str) -> Live:
+    return Live(LiveEvent("agent/status", freeze({"status": status})))  # type: ignore[arg-type]
+
+
+def _monitor_error(action: Any) -> AgentInvariantError:
+    with pytest.raises(AgentInvariantError) as info:
+        action()
+    return info.value
+
+
+def test_R20_1a_monitor_reports_a_repeated_or_idle_first_status_under_R20_1a() -> None:
+    monitor = InvariantMonitor(_Agent(), _Boxes())
+    monitor.output(_status("running"))
+    error = _monitor_error(lambda: monitor.output(_status("running")))
+    assert error.rule == "R20.1a"
+    assert str(error) == "[R20.1a] agent/status 'running' after 'running'"
+    error = _monitor_error(lambda: InvariantMonitor(_Agent(), _Boxes()).output(_status("idle")))
+    assert error.rule == "R20.1a"
+
+
+def test_R20_1b_monitor_error_names_its_rule() -> None:
+    core = AgentCore()
+    monitor = InvariantMonitor(core, core)
+    bogus = Live(LiveEvent("agent/inbox/discard", freeze({"messages": [msg("x")]})))  # type: ignore[arg-type]
+    with pytest.raises(AgentInvariantError) as caught:
+        monitor.output(bogus)
+    assert caught.value.rule == "R20.1b"
+    assert str(caught.value).startswith("[R20.1b] ")
+
+
+def test_R20_1b_conservation_problem_reports_a_lost_message_with_its_counts() -> None:
+    assert conservation_problem({"m1": 2}, {"m1": 1}, {}, ["m1"]) is None
+    assert conservation_problem({"m1": 1}, {}, {}, []) == (
+        "message 'm1': enqueued 1 time(s), but dequeued 0, discarded 0, pending 0")
+    assert conservation_problem({"m1": 3}, {"m1": 1}, {"m1": 1}, []) == (
+        "message 'm1': enqueued 3 time(s), but dequeued 1, discarded 1, pending 0")
+
+
+@pytest.mark.parametrize(("dequeued", "discarded", "counts"), [
+    ({"m1": 1}, {}, "dequeued 1, discarded 0"),
+    ({}, {"m1": 1}, "dequeued 0, discarded 1"),
+])
+def test_R20_1b_conservation_problem_reports_a_message_that_was_never_enqueued(
+        dequeued: dict[str, int], discarded: dict[str, int], counts: str) -> None:
+    assert conservation_problem({}, dequeued, discarded, []) == (
+        f"message 'm1': enqueued 0 time(s), but {counts}, pending 0")
+
+
+def test_R20_1c_monitor_reports_the_counts_of_a_context_logged_twice() -> None:
+    boxes = _Boxes()
+    monitor = InvariantMonitor(_Agent(), boxes)
+    boxes.staged_items = (("c1", False),)
+    monitor.poll()                      # c1 is staged once
+    boxes.staged_items = ()
+    data = {"id": "c1", "role": "user", "content": [{"type": "text", "text": "x"}],
+            "source": {"kind": "user"}}
+    logged = Durable(Event("user/message", 0, 0, freeze(data), "append"))  # type: ignore[arg-type]
+    monitor.output(logged)              # ... and logged once: balanced
+    error = _monitor_error(lambda: monitor.output(logged))
+    assert error.rule == "R20.1c"
+    assert str(error) == ("[R20.1c] context 'c1' staged 1 time(s) but logged 2, discarded 0, "
+                          "still staged 0")
+
+
+def test_R20_1e_monitor_reports_an_open_window_while_idle_under_R20_1e() -> None:
+    agent = _Agent("running", accepts_next_step=True)
+    monitor = InvariantMonitor(agent, _Boxes())
+    monitor.poll()  # running with the window open: fine
+    agent.status, agent.accepts_next_step = "idle", False
+    monitor.poll()  # idle with the window closed: fine
+    agent.accepts_next_step = True
+    error = _monitor_error(monitor.poll)
+    assert error.rule == "R20.1e"
+    assert str(error) == "[R20.1e] accepts_next_step is true while idle"
+
+
+# --------------------------------------------------------------------------
+# R20.2 session invariants: a direct append
+# --------------------------------------------------------------------------
+
+
+def test_R20_2_direct_append_keeps_its_source_event_seqs() -> None:
+    core = AgentCore(CoreConfig(publish=False))
+    core.append("user/message", msg("first"), surface_op="append")
+    event = core.append("user/message", msg("second"), surface_op="append", source_event_seqs=[0])
+    assert event.source_event_seqs == (0,)
+    assert core.log.events[1].source_event_seqs == (0,)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from machine.errors import InvariantError, ValidationError
 from machine.events import Event
-from machine.jsonvalue import FrozenDict, freeze, same_json
+from machine.jsonvalue import FrozenDict, FrozenList, freeze, same_json
 from machine.log import SessionLog, Violation, derive_history, validate_events
 from machine.strategies import json_objects
 from machine.vocabulary import Message, tool_result_block, user_message
@@ -127,6 +127,27 @@ def open_step_log() -> SessionLog:
     turn_start(log, 1)
     step_start(log, 1, 1)
     return log
+
+
+def user_data(id_: str) -> dict[str, Any]:
+    """The data of a ``user/message`` (the message itself) as a plain mapping."""
+    return {"id": id_, "role": "user", "content": [{"type": "text", "text": id_}],
+            "source": {"kind": "user"}}
+
+
+def frozen_mapping(value: dict[str, Any]) -> FrozenDict:
+    frozen = freeze(value)
+    assert isinstance(frozen, FrozenDict)
+    return frozen
+
+
+def rejection_text(log: SessionLog, type_: str, data: Any, **envelope: Any) -> str:
+    """The text of the InvariantError an append of *data* raises; nothing is committed (L2)."""
+    before = len(log)
+    with pytest.raises(InvariantError) as info:
+        log.append(type_, data, **envelope)
+    assert len(log) == before
+    return str(info.value)
 
 
 # --------------------------------------------------------------------------
@@ -247,6 +268,20 @@ def test_L1_seeded_seq_gap_is_rejected() -> None:
     assert info.value.rule == "L1" and "expected seq 1, got 2" in str(info.value)
 
 
+def test_L1_events_snapshot_index_past_its_end_raises_even_after_later_appends() -> None:
+    log = new_log()
+    log.append("user/message", user_data("u0"), surface_op="append")
+    snapshot = log.events
+    log.append("user/message", user_data("u1"), surface_op="append")
+    assert len(snapshot) == 1
+    assert snapshot[0].seq == 0 and snapshot[-1].seq == 0
+    with pytest.raises(IndexError):
+        snapshot[1]  # the event appended after the snapshot is not part of it
+    with pytest.raises(IndexError):
+        snapshot[-2]
+    assert list(snapshot) == [log[0]]
+
+
 # --------------------------------------------------------------------------
 # L2 checked before commit
 # --------------------------------------------------------------------------
@@ -287,6 +322,64 @@ def test_L2_commit_checks_but_does_not_deliver() -> None:
     with pytest.raises(InvariantError):
         log.commit("turn/start", {"turn": 2, "trigger": {"kind": "retry"}})
     assert len(log) == 1
+
+
+def test_L2_check_applies_the_surface_and_source_rules_of_commit() -> None:
+    log = new_log()
+    log.commit("user/message", user_data("first"), surface_op="append")
+    with pytest.raises(InvariantError):
+        log.check("turn/start", {"turn": 1, "trigger": {"kind": "retry"}}, surface_op="append")
+    with pytest.raises(InvariantError):
+        log.check("turn/start", {"turn": 1, "trigger": {"kind": "retry"}}, source_event_seqs=[0])
+    with pytest.raises(InvariantError):
+        log.check("user/message", user_data("x"), surface_op={"op": "replace", "start": 3, "end": 9})
+    with pytest.raises(InvariantError):
+        log.check("user/message", user_data("x"), surface_op="append", source_event_seqs=[7])
+    log.check("user/message", user_data("x"), surface_op="append", source_event_seqs=[0])
+    assert len(log.events) == 1   # check is pure
+
+
+def test_L2_a_commit_is_judged_on_its_own_values_whatever_a_check_accepted_before() -> None:
+    """L2: what is committed is what is checked. A `check` that accepted other values (the
+    same data with another surfaceOp, other data with the same surfaceOp) does not vouch for
+    the commit that follows: the commit is refused for its own problem and changes nothing."""
+    log = new_log()
+    log.append("user/message", user_data("u0"), surface_op="append")
+    data = frozen_mapping(user_data("u1"))
+    # accepted with surfaceOp 'append'; appended without one, or committed with a range
+    # that names no earlier events
+    log.check("user/message", data, surface_op="append")
+    assert rejection_text(log, "user/message", data) == \
+        "[L3] user/message requires a surfaceOp ('append' or a replace range)"
+    log.check("user/message", data, surface_op="append")
+    with pytest.raises(InvariantError) as info:
+        log.commit("user/message", data, surface_op={"op": "replace", "start": 0, "end": 5})
+    assert info.value.rule == "L3"
+    assert len(log) == 1
+    # accepted as a user message under a replace op; committed with that op as its data
+    op = frozen_mapping({"op": "replace", "start": 0, "end": 0})
+    log.check("user/message", data, surface_op=op)
+    with pytest.raises(InvariantError) as info:
+        log.commit("user/message", op, surface_op=op)
+    assert info.value.rule == "L9"
+    assert len(log) == 1
+    assert [m.id for m in log.history(len(log))] == ["u0"]
+
+
+@pytest.mark.usefixtures("restored_registries")
+def test_L2_a_registration_between_check_and_commit_is_honoured() -> None:
+    """L2 with V3: a block check registered after a `check` and before the commit applies to
+    the commit, which is refused."""
+    from machine.vocabulary import register_block_type
+    log = new_log()
+    data = freeze({"id": "u1", "role": "user", "content": [{"type": "x-img", "url": "u"}],
+                   "source": {"kind": "user"}})
+    log.check("user/message", data, surface_op="append")
+    register_block_type("x-img", lambda _block: "refused")
+    with pytest.raises(InvariantError, match=r"data.content\[0\]: refused") as caught:
+        log.commit("user/message", data, surface_op="append")
+    assert caught.value.rule == "L9"
+    assert len(log) == 0
 
 
 # --------------------------------------------------------------------------
@@ -387,6 +480,32 @@ def test_L3_seeded_time_must_be_a_number() -> None:
     with pytest.raises(InvariantError) as info:
         SessionLog([damaged])
     assert info.value.rule == "L3"
+
+
+@pytest.mark.parametrize(("data", "envelope", "problem"), [
+    ({1, 2}, {}, "not JSON-compatible: data: a set is not JSON-compatible"),
+    ([1], {}, "data must be a JSON object (a mapping)"),
+    ({"x": 1}, {"source_event_seqs": 3}, "sourceEventSeqs must be a list of earlier seqs"),
+    ({"x": 1}, {"source_event_seqs": {0}},
+     "not JSON-compatible: sourceEventSeqs: a set is not JSON-compatible"),
+])
+def test_L3_envelope_that_is_not_json_states_the_problem(data: Any, envelope: dict[str, Any],
+                                                        problem: str) -> None:
+    log = new_log()
+    assert rejection_text(log, "x/extension", data, **envelope) == f"[L3] {problem}"
+
+
+@pytest.mark.parametrize(("envelope", "field"), [
+    ({"surface_op": {"op": "replace", "start": 0, "end": float("nan")}}, "surfaceOp.end"),
+    ({"surface_op": "append", "source_event_seqs": (0, {1})}, "sourceEventSeqs[1]"),
+    ({"surface_op": "append", "source_event_seqs": [0, float("inf")]}, "sourceEventSeqs[1]"),
+])
+def test_L3_V8_surface_op_or_source_seqs_that_are_not_json_name_the_field(
+        envelope: dict[str, Any], field: str) -> None:
+    log = new_log()
+    log.append("user/message", user_data("u0"), surface_op="append")
+    problem = rejection_text(log, "user/message", user_data("u1"), **envelope)
+    assert problem.startswith(f"[L3] not JSON-compatible: {field}: ")
 
 
 # --------------------------------------------------------------------------
@@ -506,6 +625,25 @@ def test_L5_step_end_must_name_the_open_step() -> None:
     assert log.open_step is None and log.open_turn == 1
 
 
+def test_L5_step_end_outside_any_step_states_the_problem_exactly() -> None:
+    log = new_log()
+    turn_start(log, 1)
+    assert rejection_text(log, "step/end", {"turn": 1, "step": 1}) == \
+        "[L5] step/end is outside any open step"
+
+
+@pytest.mark.parametrize(("turn", "step"), [(True, 1), (1, True), (1.0, 1), (1, 1.0)])
+def test_L5_step_end_must_name_the_open_step_with_integers(turn: Any, step: Any) -> None:
+    # true == 1 and 1.0 == 1 in Python, but neither is the integer step number 1.
+    log = open_step_log()
+    problem = rejection_text(log, "step/end", {"turn": turn, "step": step})
+    assert problem.startswith("[L5] step/end: step ")
+    assert problem.endswith(" does not match open step 1.1")
+    assert log.open_step == 1
+    log.append("step/end", {"turn": 1, "step": 1})
+    assert log.open_step is None
+
+
 # --------------------------------------------------------------------------
 # L6 assistant/chunk, assistant/message, tool/call
 # --------------------------------------------------------------------------
@@ -553,6 +691,20 @@ def test_L6_chunk_and_tool_call_shapes() -> None:
         "tool/call", {"turn": 1, "step": 1, "name": "ls"}))
     rejected(log, "L6", "data.name", lambda: log.append(
         "tool/call", {"turn": 1, "step": 1, "callId": "c1"}))
+
+
+@pytest.mark.parametrize("usage", ["10 tokens", 10, [1, 2]])
+def test_L6_assistant_message_usage_that_is_not_a_mapping_is_rejected(usage: Any) -> None:
+    """E1, V18: usage is the finish chunk's usage, an optional mapping."""
+    log = open_step_log()
+    message = {"id": "a1", "role": "assistant", "content": [{"type": "text", "text": "hi"}],
+               "source": MODEL}
+    data = {"turn": 1, "step": 1, "message": message, "usage": usage}
+    assert rejection_text(log, "assistant/message", data, surface_op="append") == \
+        "[L6] assistant/message: data.usage must be a mapping"
+    event = log.append("assistant/message", {**data, "usage": {"inputTokens": 3}},
+                       surface_op="append")
+    assert event.data["usage"] == {"inputTokens": 3}
 
 
 # --------------------------------------------------------------------------
@@ -621,6 +773,23 @@ def test_L7_tool_result_message_must_be_a_tool_result_message() -> None:
     for message in wrong:
         rejected(log, "L7", "tool/result", lambda m=message: log.append(  # type: ignore[misc]
             "tool/result", {"turn": 1, "step": 1, "message": m}, surface_op="append"))
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"role": "assistant"}, "data.message.role"),
+    ({"id": ""}, "data.message.id"),
+    ({"content": "ok"}, "data.message.content"),
+])
+def test_L7_V8_malformed_tool_result_message_names_the_data_message_field(
+        change: dict[str, Any], field: str) -> None:
+    log = open_step_log()
+    log.append("tool/call", {"turn": 1, "step": 1, "callId": "c1", "name": "ls"})
+    message = {"id": "r1", "role": "user",
+               "content": [tool_result_block("c1", [{"type": "text", "text": "ok"}])],
+               "source": {"kind": "tool", "callId": "c1"}, **change}
+    problem = rejection_text(log, "tool/result", {"turn": 1, "step": 1, "message": message},
+                             surface_op="append")
+    assert problem.startswith(f"[L7] tool/result: {field}: ")
 
 
 # --------------------------------------------------------------------------
@@ -741,6 +910,41 @@ def test_L10_core_rules_cannot_be_overridden() -> None:
         log.register_rule("", lambda _log, _type, _data: None)
 
 
+def test_L10_V8_register_rule_errors_name_the_argument() -> None:
+    log = new_log()
+    for bad in ("", 5):
+        with pytest.raises(ValidationError) as caught:
+            log.register_rule(bad, lambda *_a: None)  # type: ignore[arg-type]
+        assert (caught.value.path, caught.value.problem) == ("event_type", "must be a non-empty string")
+    with pytest.raises(ValidationError) as caught:
+        log.register_rule("turn/start", lambda *_a: None)
+    assert caught.value.path == "event_type"
+    assert caught.value.problem == "'turn/start' is a core event type; its rules cannot be overridden"
+
+
+def test_L10_rule_registered_after_a_check_applies_to_the_next_commit() -> None:
+    log = new_log()
+    data = FrozenDict({"k": 1})
+    log.check("x/ext", data)  # no rule yet: anything goes
+    log.register_rule("x/ext", lambda _log, _type, _data: "refused by the new rule")
+    with pytest.raises(InvariantError) as caught:
+        log.commit("x/ext", data)
+    assert caught.value.rule == "L10"
+    assert "refused by the new rule" in str(caught.value)
+    assert len(log) == 0
+
+
+def test_L10_extension_rule_is_consulted_again_at_commit_after_a_check() -> None:
+    log = new_log()
+    answers = iter([None, "changed its mind"])
+    log.register_rule("x/ext", lambda _log, _type, _data: next(answers))
+    data = FrozenDict({"k": 1})
+    log.check("x/ext", data)
+    with pytest.raises(InvariantError) as caught:
+        log.append("x/ext", data)
+    assert caught.value.rule == "L10" and len(log) == 0
+
+
 # --------------------------------------------------------------------------
 # L11 observers
 # --------------------------------------------------------------------------
@@ -792,6 +996,17 @@ def test_L11_unsubscribed_during_delivery_is_not_called_again() -> None:
     unsubscribers.append(log.subscribe(lambda e: seen.append(e.type)))
     user(log, "a")
     assert seen == []
+
+
+def test_L11_every_observer_receives_each_event_in_registration_order() -> None:
+    log = new_log()
+    seen: list[tuple[str, int]] = []
+    unsubscribe = [log.subscribe(lambda e, n=n: seen.append((f"o{n}", e.seq))) for n in range(4)]
+    log.append("user/message", user_data("a"), surface_op="append")
+    assert seen == [("o0", 0), ("o1", 0), ("o2", 0), ("o3", 0)]
+    unsubscribe[2]()
+    log.append("user/message", user_data("b"), surface_op="append")
+    assert seen[4:] == [("o0", 1), ("o1", 1), ("o3", 1)]
 
 
 # --------------------------------------------------------------------------
@@ -935,6 +1150,39 @@ def test_L13_history_view_is_a_read_only_sequence() -> None:
     assert hash(view) == hash(tuple(view))
 
 
+def test_L13_history_view_compares_by_content() -> None:
+    log = new_log()
+    for text in ("a", "b"):
+        log.commit("user/message", user_data(text), surface_op="append")
+    view = log.history(len(log.events))
+    messages = log.derive_messages()
+    assert view == messages and view == list(messages)
+    assert view != messages[:1] and view != (*messages, messages[0])
+    assert view != (messages[1], messages[0])       # same length, other order
+    assert view != 5 and view != "ab" and view != b"ab"
+    assert log.history(1) == messages[:1]
+
+
+def test_L13_history_view_index_past_its_end_raises_even_after_later_appends() -> None:
+    log = new_log()
+    log.append("user/message", user_data("u0"), surface_op="append")
+    view = log.history(len(log))
+    log.append("user/message", user_data("u1"), surface_op="append")
+    assert [m.id for m in view] == ["u0"]
+    with pytest.raises(IndexError):
+        view[1]
+
+
+def test_L13_history_view_repr_shows_its_messages_like_a_tuple() -> None:
+    log = new_log()
+    for id_ in ("u0", "u1", "u2"):
+        log.append("user/message", user_data(id_), surface_op="append")
+    view = log.history(len(log))
+    assert repr(view) == repr(tuple(view))
+    assert repr(log.events) == repr(tuple(log.events))
+    assert repr(log.history(0)) == "()"
+
+
 # --------------------------------------------------------------------------
 # L14 seeded logs
 # --------------------------------------------------------------------------
@@ -970,6 +1218,15 @@ def test_L14_seed_data_given_as_plain_values_is_snapshotted() -> None:
     plain = Event("plugin/marker", 0, 1, {"items": [1]})  # type: ignore[arg-type]
     log = SessionLog([plain])
     assert isinstance(log[0].data, FrozenDict) and log[0].data == {"items": [1]}
+
+
+def test_L14_L3_a_seeded_event_whose_source_seqs_name_a_later_event_is_rejected() -> None:
+    # L14: seeds are replayed through the same checks as appends, sourceEventSeqs included.
+    seed = Event("user/message", 0, 1, freeze(user_data("u1")), "append", FrozenList([3]))
+    with pytest.raises(InvariantError, match=r"seed event at seq 0: .*sourceEventSeqs entry 3") \
+            as caught:
+        SessionLog([seed])
+    assert caught.value.rule == "L3"
 
 
 # --------------------------------------------------------------------------
@@ -1311,19 +1568,3 @@ def iterate(log: SessionLog) -> Iterator[Event]:
 def test_iteration_and_indexing_agree() -> None:
     log = sample_log()
     assert list(iterate(log)) == [log[i] for i in range(len(log))]
-
-
-@pytest.mark.usefixtures("restored_registries")
-def test_L2_a_registration_between_check_and_commit_is_honoured() -> None:
-    # Found by review of mutation survivors: commit reused check's verdict even though a
-    # block check registered in between refuses the message (V3), breaking L2.
-    from machine.vocabulary import register_block_type
-    log = new_log()
-    data = freeze({"id": "u1", "role": "user", "content": [{"type": "x-img", "url": "u"}],
-                   "source": {"kind": "user"}})
-    log.check("user/message", data, surface_op="append")
-    register_block_type("x-img", lambda _block: "refused")
-    with pytest.raises(InvariantError, match=r"data.content\[0\]: refused") as caught:
-        log.commit("user/message", data, surface_op="append")
-    assert caught.value.rule == "L9"
-    assert len(log) == 0

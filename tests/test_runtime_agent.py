@@ -41,6 +41,7 @@ def types(events: Any) -> list[str]:
 
 
 def test_commands_return_none_at_once_and_have_taken_effect() -> None:
+    """RT4: commands are synchronous, return None and have taken effect when they return."""
     async def main() -> None:
         async with Agent(ScriptedModel()) as agent:
             seen: list[str] = []
@@ -126,6 +127,8 @@ def test_dispose_interrupts_a_running_turn_and_waits_for_teardown() -> None:
 
 
 def test_when_idle_completes_at_once_when_idle_and_otherwise_after_the_work() -> None:
+    """RT7: `when_idle()` completes at once when idle, and otherwise once the core is
+    quiescent after the work."""
     async def main() -> None:
         async with Agent(ScriptedModel([text_reply("a"), text_reply("b")])) as agent:
             await asyncio.wait_for(agent.when_idle(), 30)   # at once; the bound only guards a hang
@@ -187,6 +190,7 @@ def test_unsubscribe_and_listeners_added_during_a_delivery() -> None:
 
 
 def test_listener_exceptions_are_contained_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """RT3: a listener's exception is contained and logged; the remaining listeners run."""
     async def main() -> None:
         async with Agent(ScriptedModel([text_reply("ok")])) as agent:
             after: list[int] = []

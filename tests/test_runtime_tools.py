@@ -171,6 +171,8 @@ def test_a_cooperative_tool_stops_on_its_signal() -> None:
 
 
 def test_R10_12_a_failing_body_is_an_error_result_whatever_it_raises() -> None:
+    """RT9: a RaisedError reports its ErrorInfo exactly (its code included); any other
+    exception is described by ErrorInfo.from_exception."""
     async def broken(call: ToolCall) -> str:
         raise FileNotFoundError("no such file: a.txt")
 

@@ -106,6 +106,8 @@ def test_S5_appended_events_round_trip_exactly(make_store: Factory) -> None:
 
 
 def test_S5_append_needs_an_open_session(make_store: Factory) -> None:
+    """S4: `append` needs a session open in this store (created or loaded here, until
+    `release`); one stored but not open here is refused with SessionNotOpenError."""
     store = make_store()
     events = balanced()
     with pytest.raises(SessionNotOpenError):

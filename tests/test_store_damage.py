@@ -282,6 +282,8 @@ STRICT_CASES = [
 def test_D8_damage_is_reported_with_its_position_and_strict_raises(
         backend: Backend, how: str, kind: str, index_of: Callable[[int], int],
         position: int) -> None:
+    """S10, S11: each kind of damage is reported with its record index and byte offset; a
+    strict load raises DamageError (SESSION_DAMAGED) and changes nothing stored."""
     damage(backend, how, position)
     index = index_of(position)
     before = backend.snapshot()
@@ -299,6 +301,8 @@ def test_D8_damage_is_reported_with_its_position_and_strict_raises(
 def test_D8_salvage_keeps_the_intact_prefix_and_reports(
         backend: Backend, how: str, kind: str, index_of: Callable[[int], int],
         position: int) -> None:
+    """S11, S13: a salvage load keeps the intact prefix, reports the first damage and
+    leaves a session that loads clean."""
     damage(backend, how, position)
     index = index_of(position)
     with backend.store() as store:

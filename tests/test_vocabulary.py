@@ -10,7 +10,8 @@ import enum
 import json
 import math
 import operator
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
 from typing import Any, get_args
 
 import pytest
@@ -26,7 +27,9 @@ from machine.errors import (
     TurnstileError,
     ValidationError,
 )
+from machine.events import Event
 from machine.jsonvalue import FrozenDict, FrozenList, canonical_json, freeze, thaw
+from machine.log import derive_history
 from machine.strategies import invalid_user_messages, user_messages
 from machine.vocabulary import (
     ALLOW,
@@ -116,7 +119,7 @@ class _Num(float):
     pass
 
 
-def test_v1_json_values_are_accepted() -> None:
+def test_V1_json_values_are_accepted() -> None:
     value: dict[str, Any] = {"a": [None, True, 0, -1.5, "s", {"b": []}], "": {}}
     frozen = freeze(value)
     assert frozen == value
@@ -148,7 +151,7 @@ _cycle_dict["self"] = _cycle_dict
     ([1, [2, math.nan]], "value.x[1][1]"),
     ({"deep": {"er": {3}}}, "value.x.deep.er"),
 ])
-def test_v1_non_json_values_are_refused_with_their_path(bad: Any, where: str) -> None:
+def test_V1_non_json_values_are_refused_with_their_path(bad: Any, where: str) -> None:
     with pytest.raises(NotJsonCompatibleError) as info:
         freeze({"x": bad})
     assert info.value.path == where
@@ -156,7 +159,7 @@ def test_v1_non_json_values_are_refused_with_their_path(bad: Any, where: str) ->
     assert info.value.problem in str(info.value)
 
 
-def test_v1_str_subclass_is_stored_as_plain_str() -> None:
+def test_V1_str_subclass_is_stored_as_plain_str() -> None:
     class Name(str):
         pass
 
@@ -165,9 +168,83 @@ def test_v1_str_subclass_is_stored_as_plain_str() -> None:
     assert type(frozen["k"]) is str
 
 
-def test_v1_shared_substructure_is_not_a_cycle() -> None:
+def test_V1_shared_substructure_is_not_a_cycle() -> None:
     shared = [1]
     assert freeze({"a": shared, "b": shared}) == {"a": [1], "b": [1]}
+
+
+def test_V1_canonical_json_refuses_nan_and_sorts_keys_without_spaces() -> None:
+    with pytest.raises(ValueError):
+        canonical_json(float("nan"))
+    with pytest.raises(ValueError):
+        canonical_json({"a": float("inf")})
+    assert canonical_json(freeze({"b": [1, {"d": None, "c": True}], "a": "x"})) == (
+        '{"a":"x","b":[1,{"c":true,"d":null}]}')
+
+
+def test_V1_canonical_json_sorts_keys_and_keeps_non_ascii_text_unescaped() -> None:
+    # canonical_json (machine/jsonvalue.py): sorted keys, no spaces, characters as they are.
+    assert canonical_json({"é": "ü ☃", "a": [1, 2.5]}) == '{"a":[1,2.5],"é":"ü ☃"}'
+
+
+class _Items(list):  # type: ignore[type-arg]
+    """A list subclass: still a JSON array (V1)."""
+
+
+class _Key(str):
+    """A str subclass: accepted and stored as a plain str (V1)."""
+
+
+class _ReadOnly(Mapping[str, Any]):
+    """A mapping that is neither a dict nor copyable."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._data = data
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def _frozen_mapping(value: Mapping[str, Any]) -> FrozenDict:
+    frozen = freeze(value)
+    assert isinstance(frozen, FrozenDict)
+    return frozen
+
+
+def test_V1_list_and_dict_subclasses_are_frozen_as_arrays_and_objects() -> None:
+    frozen = _frozen_mapping({"items": _Items([1, {"a": 2}]), "map": OrderedDict(b=[3], a=None)})
+    assert frozen == {"items": [1, {"a": 2}], "map": {"b": [3], "a": None}}
+    assert type(frozen["items"]) is FrozenList
+    assert type(frozen["map"]) is FrozenDict
+    assert list(frozen["map"]) == ["b", "a"]
+
+
+def test_V1_str_subclass_keys_are_stored_as_plain_str() -> None:
+    frozen = _frozen_mapping({_Key("a"): _Key("x")})
+    assert frozen == {"a": "x"}
+    assert [type(key) for key in frozen] == [str]
+    direct = FrozenDict({_Key("b"): 1})
+    assert direct == {"b": 1}
+    assert [type(key) for key in direct] == [str]
+
+
+def test_V1_a_cycle_is_refused_and_named() -> None:
+    cyclic: list[Any] = [{"a": 1}]
+    cyclic.append(cyclic)
+    with pytest.raises(ValidationError) as info:
+        freeze({"x": cyclic}, "data")
+    assert (info.value.path, info.value.problem) == ("data.x[1]", "the value contains a cycle")
+
+
+def test_V1_a_list_shared_twice_is_not_a_cycle() -> None:
+    shared = [{"a": 1}]
+    assert freeze([shared, shared, {"k": shared}]) == [[{"a": 1}], [{"a": 1}], {"k": [{"a": 1}]}]
 
 
 # --------------------------------------------------------------------------------------------
@@ -175,7 +252,7 @@ def test_v1_shared_substructure_is_not_a_cycle() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_v2_frozen_values_are_immutable_and_hashable() -> None:
+def test_V2_frozen_values_are_immutable_and_hashable() -> None:
     frozen = freeze({"a": [1, {"b": 2}]})
     assert isinstance(frozen, FrozenDict)
     inner = frozen["a"]
@@ -188,7 +265,7 @@ def test_v2_frozen_values_are_immutable_and_hashable() -> None:
     assert hash(frozen) == hash(freeze({"a": [1, {"b": 2}]}))
 
 
-def test_v2_frozen_values_equal_plain_data() -> None:
+def test_V2_frozen_values_equal_plain_data() -> None:
     frozen = freeze({"a": [1, {"b": [2]}]})
     assert frozen == {"a": [1, {"b": [2]}]}
     assert operator.ne(frozen, {"a": [1, {"b": [2]}]}) is False
@@ -198,7 +275,7 @@ def test_v2_frozen_values_equal_plain_data() -> None:
     assert FrozenList([1]) == (1,)
 
 
-def test_v2_freeze_copies_plain_data_and_keeps_frozen_containers() -> None:
+def test_V2_freeze_copies_plain_data_and_keeps_frozen_containers() -> None:
     source = {"a": [1]}
     frozen = freeze(source)
     source["a"].append(2)
@@ -206,7 +283,7 @@ def test_v2_freeze_copies_plain_data_and_keeps_frozen_containers() -> None:
     assert freeze(frozen) is frozen
 
 
-def test_v2_frozen_containers_freeze_their_children_whoever_builds_them() -> None:
+def test_V2_frozen_containers_freeze_their_children_whoever_builds_them() -> None:
     child = [1, {"b": 2}]
     direct = FrozenDict({"a": child})
     listed = FrozenList([child])
@@ -224,8 +301,23 @@ def test_v2_frozen_containers_freeze_their_children_whoever_builds_them() -> Non
     assert direct == {"a": [1, {"b": 2}]}
 
 
-def test_v2_canonical_json_is_sorted_and_compact() -> None:
+def test_V2_canonical_json_is_sorted_and_compact() -> None:
     assert canonical_json(freeze({"b": 1, "a": [True, None]})) == '{"a":[true,null],"b":1}'
+
+
+def test_V2_frozen_list_inequality_with_other_types() -> None:
+    frozen = freeze([1, 2])
+    assert frozen != 5
+    assert frozen != "12"
+    assert frozen != (1, 3)
+    assert (frozen != [1, 2]) is False
+    assert frozen != [1, 3]
+
+
+def test_V2_frozen_dict_is_built_from_any_mapping() -> None:
+    frozen = FrozenDict(_ReadOnly({"a": 1, "b": "x"}))
+    assert frozen == {"a": 1, "b": "x"}
+    assert FrozenDict(_ReadOnly({"n": [1, {"m": 2}]})) == {"n": [1, {"m": 2}]}
 
 
 # --------------------------------------------------------------------------------------------
@@ -240,7 +332,7 @@ def test_v2_canonical_json_is_sorted_and_compact() -> None:
     {"type": "x-image", "url": "u", "size": [1, 2]},
     {"type": "text", "text": "extra fields are kept", "cacheControl": {"type": "ephemeral"}},
 ])
-def test_v3_valid_blocks(block: dict[str, Any]) -> None:
+def test_V3_valid_blocks(block: dict[str, Any]) -> None:
     frozen = freeze_content([block], "content")
     assert frozen == [block]
 
@@ -262,21 +354,21 @@ def test_v3_valid_blocks(block: dict[str, Any]) -> None:
     ({"type": "tool-result", "toolCallId": "c", "content": [{"type": "text"}]},
      "content[0]: 'text' must be a string"),
 ])
-def test_v3_invalid_blocks_name_the_problem(block: Any, problem: str) -> None:
+def test_V3_invalid_blocks_name_the_problem(block: Any, problem: str) -> None:
     with pytest.raises(ValidationError) as info:
         freeze_content([text("fine"), block], "message.content")
     assert info.value.path == "message.content[1]"
     assert problem in info.value.problem
 
 
-def test_v3_content_must_be_a_list() -> None:
+def test_V3_content_must_be_a_list() -> None:
     for bad in ("text", {"type": "text", "text": "x"}, (text("x"),), None):
         with pytest.raises(ValidationError) as info:
             freeze_content(bad, "message.content")
         assert info.value.path == "message.content"
 
 
-def test_v3_register_block_type_adds_a_checked_extension(registries: None) -> None:
+def test_V3_register_block_type_adds_a_checked_extension(registries: None) -> None:
     assert block_problem(freeze({"type": "x-chart"})) is None  # undeclared: open
     register_block_type("x-chart", lambda b: None if isinstance(b.get("points"), FrozenList)
                         else "'points' must be a list")
@@ -287,16 +379,54 @@ def test_v3_register_block_type_adds_a_checked_extension(registries: None) -> No
 
 
 @pytest.mark.parametrize("core", ["text", "reasoning", "tool-call", "tool-result"])
-def test_v3_core_block_types_cannot_be_redeclared(core: str, registries: None) -> None:
+def test_V3_core_block_types_cannot_be_redeclared(core: str, registries: None) -> None:
     with pytest.raises(ValidationError, match="core block type"):
         register_block_type(core)
     assert block_problem(freeze({"type": core})) is not None
 
 
-def test_v3_block_type_names_must_be_nonempty_strings(registries: None) -> None:
+def test_V3_block_type_names_must_be_nonempty_strings(registries: None) -> None:
     for bad in ("", None, 3):
         with pytest.raises(ValidationError):
             register_block_type(bad)  # type: ignore[arg-type]
+
+
+def test_V3_reasoning_constructor_builds_a_valid_reasoning_block() -> None:
+    block = reasoning("thinking")
+    assert block == {"type": "reasoning", "text": "thinking"}
+    assert block_problem(freeze(block)) is None
+
+
+def test_V3_tool_result_block_needs_a_non_empty_tool_call_id() -> None:
+    block = {"type": "tool-result", "toolCallId": "", "content": []}
+    assert block_problem(freeze(block)) == "'toolCallId' must not be empty"
+    assert block_problem(freeze({**block, "toolCallId": "c1"})) is None
+
+
+def test_V3_V8_content_that_is_not_a_list_is_named() -> None:
+    error = _validation_error(lambda: freeze_content("hello", "message.content"))
+    assert (error.path, error.problem) == ("message.content", "must be a list of content blocks")
+
+
+@pytest.mark.usefixtures("registries")
+def test_V3_block_type_declared_without_a_check_has_no_problem() -> None:
+    register_block_type("x-open-block")
+    assert block_problem(freeze({"type": "x-open-block", "any": [1]})) is None
+
+
+@pytest.mark.parametrize("register", [register_block_type, register_source_kind])
+def test_V3_V4_V8_registration_errors_name_the_argument(register: Any) -> None:
+    argument = "type_name" if register is register_block_type else "kind"
+    core_name = "text" if register is register_block_type else "user"
+    for bad in ("", 5):
+        with pytest.raises(ValidationError) as caught:
+            register(bad)
+        assert caught.value.path == argument
+        assert caught.value.problem == "must be a non-empty string"
+    with pytest.raises(ValidationError) as caught:
+        register(core_name)
+    assert caught.value.path == argument
+    assert core_name in caught.value.problem and "core" in caught.value.problem
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,7 +434,7 @@ def test_v3_block_type_names_must_be_nonempty_strings(registries: None) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_v4_core_sources() -> None:
+def test_V4_core_sources() -> None:
     assert user_source() == {"kind": "user"}
     assert user_source(requestId="r1") == {"kind": "user", "requestId": "r1"}
     assert plugin_source("") == {"kind": "plugin", "plugin": ""}
@@ -325,21 +455,21 @@ def test_v4_core_sources() -> None:
     ({"kind": "tool", "callId": ""}, "'callId' must not be empty"),
     ({"kind": "tool"}, "'callId'"),
 ])
-def test_v4_invalid_sources(source: dict[str, Any], problem: str) -> None:
+def test_V4_invalid_sources(source: dict[str, Any], problem: str) -> None:
     with pytest.raises(ValidationError) as info:
         freeze_source(source, "message.source")
     assert info.value.path == "message.source"
     assert problem in info.value.problem
 
 
-def test_v4_source_must_be_a_mapping() -> None:
+def test_V4_source_must_be_a_mapping() -> None:
     for bad in ("user", None, ["user"]):
         with pytest.raises(ValidationError) as info:
             freeze_source(bad, "message.source")
         assert info.value.path == "message.source"
 
 
-def test_v4_register_source_kind(registries: None) -> None:
+def test_V4_register_source_kind(registries: None) -> None:
     assert source_problem(freeze({"kind": "x-webhook"})) is None
     register_source_kind("x-webhook", lambda s: None if "hook" in s else "needs 'hook'")
     assert source_problem(freeze({"kind": "x-webhook", "hook": "h"})) is None
@@ -350,9 +480,29 @@ def test_v4_register_source_kind(registries: None) -> None:
 
 
 @pytest.mark.parametrize("core", ["user", "plugin", "model", "tool"])
-def test_v4_core_source_kinds_cannot_be_redeclared(core: str, registries: None) -> None:
+def test_V4_core_source_kinds_cannot_be_redeclared(core: str, registries: None) -> None:
     with pytest.raises(ValidationError, match="core source kind"):
         register_source_kind(core, lambda _s: None)
+
+
+@pytest.mark.parametrize(("build", "path"), [
+    (lambda: user_source(x=float("nan")), "source.x"),
+    (lambda: plugin_source(5), "source"),  # type: ignore[arg-type]
+    (lambda: model_source(1, "m"), "source"),  # type: ignore[arg-type]
+    (lambda: tool_source(""), "source"),
+    (lambda: custom_source("ext", x={1: 2}), "source.x"),
+])
+def test_V4_V8_source_constructors_name_the_offending_field(build: Any, path: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        build()
+    assert caught.value.path == path
+    assert str(caught.value) == f"{path}: {caught.value.problem}"
+
+
+@pytest.mark.usefixtures("registries")
+def test_V4_source_kind_declared_without_a_check_has_no_problem() -> None:
+    register_source_kind("x-open-kind")
+    assert source_problem(freeze({"kind": "x-open-kind", "any": {"a": 1}})) is None
 
 
 # --------------------------------------------------------------------------------------------
@@ -360,7 +510,7 @@ def test_v4_core_source_kinds_cannot_be_redeclared(core: str, registries: None) 
 # --------------------------------------------------------------------------------------------
 
 
-def test_v5_message_fields_and_roles() -> None:
+def test_V5_message_fields_and_roles() -> None:
     for role in ("user", "assistant", "system"):
         m = Message.from_json(_msg(role=role))
         assert (m.id, m.role) == ("m1", role)
@@ -376,13 +526,13 @@ def test_v5_message_fields_and_roles() -> None:
     ({"id": "m", "role": "user", "content": []}, "message.source"),
     ("not a mapping", "message"),
 ])
-def test_v5_invalid_messages(value: Any, path: str) -> None:
+def test_V5_invalid_messages(value: Any, path: str) -> None:
     with pytest.raises(ValidationError) as info:
         Message.from_json(value)
     assert info.value.path == path
 
 
-def test_v5_assistant_message_needs_a_model_source() -> None:
+def test_V5_assistant_message_needs_a_model_source() -> None:
     m = assistant_message("a1", [text("hi"), tool_call("c1", "t")], model_source("p", "m"))
     assert m.role == "assistant"
     assert list(m.tool_calls) == [tool_call("c1", "t")]
@@ -394,7 +544,7 @@ def test_v5_assistant_message_needs_a_model_source() -> None:
     assert info.value.path == "message.role"
 
 
-def test_v5_tool_result_message_shape() -> None:
+def test_V5_tool_result_message_shape() -> None:
     m = tool_result_message("r1", "c1", [text("ok")], is_error=True)
     assert m.role == "user"
     assert m.source == {"kind": "tool", "callId": "c1"}
@@ -414,10 +564,18 @@ def test_v5_tool_result_message_shape() -> None:
         assert info.value.path == path
 
 
-def test_v5_the_id_is_kept_as_given() -> None:
+def test_V5_the_id_is_kept_as_given() -> None:
     m = validate_user_message(_msg(id="caller-minted-7"))
     assert m.id == "caller-minted-7"
     assert validate_user_message(m) is m
+
+
+def test_V5_tool_result_message_is_not_an_error_by_default() -> None:
+    message = tool_result_message("r1", "c1", [{"type": "text", "text": "x"}])
+    (block,) = message.to_json()["content"]  # type: ignore[misc]
+    assert "isError" not in block
+    flagged = tool_result_message("r2", "c1", [], is_error=True)
+    assert flagged.to_json()["content"][0]["isError"] is True  # type: ignore[index]
 
 
 # --------------------------------------------------------------------------------------------
@@ -425,7 +583,7 @@ def test_v5_the_id_is_kept_as_given() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_v6_mutating_the_callers_message_changes_nothing() -> None:
+def test_V6_mutating_the_callers_message_changes_nothing() -> None:
     content = [{"type": "text", "text": "before", "tags": ["a"]}]
     source = {"kind": "user", "meta": {"n": 1}}
     raw = {"id": "m1", "role": "user", "content": content, "source": source}
@@ -440,7 +598,7 @@ def test_v6_mutating_the_callers_message_changes_nothing() -> None:
     assert m.text == "before"
 
 
-def test_v6_values_built_from_callers_data_are_detached() -> None:
+def test_V6_values_built_from_callers_data_are_detached() -> None:
     ctx = _msg(id="c1")
     contexts = [ctx]
     result_content = [text("ok")]
@@ -462,7 +620,7 @@ def test_v6_values_built_from_callers_data_are_detached() -> None:
     assert (result.to_json(), allow.to_json(), trigger.to_json()) == before
 
 
-def test_v6_values_are_frozen_dataclasses() -> None:
+def test_V6_values_are_frozen_dataclasses() -> None:
     m = user_message("m", "x")
     with pytest.raises(AttributeError):
         m.id = "other"  # type: ignore[misc]
@@ -471,18 +629,27 @@ def test_v6_values_are_frozen_dataclasses() -> None:
     assert hash(m) == hash(user_message("m", "x"))
 
 
+def test_V6_tool_result_error_is_a_frozen_snapshot() -> None:
+    error: dict[str, Any] = {"name": "E", "detail": ["a"]}
+    result = ToolResult.from_json({"content": [], "error": error})
+    error["detail"].append("b")
+    error["name"] = "changed"
+    assert result.error == {"name": "E", "detail": ["a"]}
+    assert isinstance(result.error, FrozenDict)
+
+
 # --------------------------------------------------------------------------------------------
 # V7 well-formed user message (D5)
 # --------------------------------------------------------------------------------------------
 
 
 @given(user_messages())
-def test_v7_generated_user_messages_are_well_formed(m: Message) -> None:
+def test_V7_generated_user_messages_are_well_formed(m: Message) -> None:
     assert validate_user_message(m.to_json()) == m
 
 
 @given(invalid_user_messages())
-def test_v7_malformed_user_messages_raise_naming_the_field(case: tuple[Any, str]) -> None:
+def test_V7_malformed_user_messages_raise_naming_the_field(case: tuple[Any, str]) -> None:
     value, path = case
     with pytest.raises(ValidationError) as info:
         validate_user_message(value)
@@ -528,14 +695,14 @@ def test_a3_e_options_without_wakeup() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_v8_validation_error_is_a_value_error_with_path_and_problem() -> None:
+def test_V8_validation_error_is_a_value_error_with_path_and_problem() -> None:
     error = ValidationError("a.b", "is wrong")
     assert isinstance(error, ValueError) and isinstance(error, TurnstileError)
     assert (error.path, error.problem, str(error)) == ("a.b", "is wrong", "a.b: is wrong")
     assert str(ValidationError("", "only a problem")) == "only a problem"
 
 
-def test_v8_paths_are_rebased_onto_the_callers_path() -> None:
+def test_V8_paths_are_rebased_onto_the_callers_path() -> None:
     with pytest.raises(ValidationError) as info:
         Message.from_json(_msg(id=""), "data.message")
     assert info.value.path == "data.message.id"
@@ -551,17 +718,50 @@ def test_v8_paths_are_rebased_onto_the_callers_path() -> None:
     assert info.value.path == "r.additionalContexts[0].id"
 
 
-def test_v8_unexpected_fields_are_named_even_with_odd_keys() -> None:
+def test_V8_unexpected_fields_are_named_even_with_odd_keys() -> None:
     with pytest.raises(ValidationError, match="unexpected field"):
         Message.from_json({**_msg(), 1: "x", "zz": 2})
 
 
-def test_v8_nothing_is_modified_on_failure() -> None:
+def test_V8_nothing_is_modified_on_failure() -> None:
     raw = _msg(content=[text("a"), {"text": "no type"}])
     copy = json.loads(json.dumps(raw))
     with pytest.raises(ValidationError):
         validate_user_message(raw)
     assert raw == copy
+
+
+def _validation_error(build: Any) -> ValidationError:
+    with pytest.raises(ValidationError) as info:
+        build()
+    return info.value
+
+
+def _user_data(id_: str) -> dict[str, Any]:
+    return {"id": id_, "role": "user", "content": [{"type": "text", "text": id_}],
+            "source": {"kind": "user"}}
+
+
+def test_V8_derive_history_of_a_malformed_user_message_names_the_data_field() -> None:
+    """V8 with L13: the derived-history walk names the offending field of a bad event."""
+    bad = Event("user/message", 0, 0, FrozenDict({**_user_data("u0"), "id": ""}), "append")
+    with pytest.raises(ValidationError) as caught:
+        derive_history([bad])
+    assert caught.value.path == "data.id"
+    assert caught.value.problem == "must be a non-empty string"
+
+
+def test_V8_derive_history_of_a_malformed_enclosed_message_names_data_message() -> None:
+    message = {**_user_data("u0"), "role": "robot"}
+    bad = Event("steering/message", 0, 0, FrozenDict({"turn": 1, "message": message}), "append")
+    with pytest.raises(ValidationError) as caught:
+        derive_history([bad])
+    assert caught.value.path == "data.message.role"
+
+
+def test_V8_derive_history_of_a_well_formed_event_projects_it() -> None:
+    good = Event("user/message", 0, 0, FrozenDict(_user_data("u0")), "append")
+    assert derive_history([good]) == (user_message("u0", "u0"),)
 
 
 # --------------------------------------------------------------------------------------------
@@ -577,7 +777,7 @@ def test_v8_nothing_is_modified_on_failure() -> None:
     (ProtocolError("x"), "PROTOCOL_ERROR", ()),
     (DisposedError("x"), "AGENT_DISPOSED", ()),
 ])
-def test_v9_one_coded_hierarchy(error: TurnstileError, code: str,
+def test_V9_one_coded_hierarchy(error: TurnstileError, code: str,
                                 bases: tuple[type, ...]) -> None:
     assert isinstance(error, TurnstileError)
     assert isinstance(error.code, str) and error.code == code
@@ -586,7 +786,7 @@ def test_v9_one_coded_hierarchy(error: TurnstileError, code: str,
     assert ErrorInfo.from_exception(error).code == code
 
 
-def test_v9_a_specific_code_can_be_given() -> None:
+def test_V9_a_specific_code_can_be_given() -> None:
     assert TurnstileError("x", code="MINE").code == "MINE"
     assert ValidationError("p", "x", code="MINE").code == "MINE"
     assert TurnstileError("x").code == "TURNSTILE_ERROR"
@@ -598,7 +798,7 @@ def test_v9_a_specific_code_can_be_given() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_v10_presets() -> None:
+def test_V10_presets() -> None:
     assert (FOLLOWUP.target, FOLLOWUP.wakeup) == ("next-turn", True)
     assert (STEER.target, STEER.wakeup) == ("next-step", True)
     assert (INJECT.target, INJECT.wakeup) == ("next-step", False)
@@ -615,10 +815,19 @@ def test_v10_presets() -> None:
     (None, "options"),
     ("followup", "options"),
 ])
-def test_v10_invalid_options(value: Any, path: str) -> None:
+def test_V10_invalid_options(value: Any, path: str) -> None:
     with pytest.raises(ValidationError) as info:
         SendOptions.from_json(value)
     assert info.value.path == path
+
+
+@pytest.mark.parametrize("wakeup", [1, "yes", None])
+def test_V10_V8_send_options_wakeup_that_is_not_a_bool_is_named(wakeup: Any) -> None:
+    error = _validation_error(lambda: SendOptions("next-turn", wakeup))
+    assert (error.path, error.problem) == ("options.wakeup", "must be a bool")
+    error = _validation_error(
+        lambda: SendOptions.from_json({"target": "next-step", "wakeup": wakeup}, "send.options"))
+    assert (error.path, error.problem) == ("send.options.wakeup", "must be a bool")
 
 
 # --------------------------------------------------------------------------------------------
@@ -626,7 +835,7 @@ def test_v10_invalid_options(value: Any, path: str) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_v11_cancel_causes() -> None:
+def test_V11_cancel_causes() -> None:
     assert CancelCause.from_json({"kind": "user"}) == USER_CAUSE
     assert CancelCause.from_json({"kind": "parent"}) == PARENT_CAUSE
     assert CancelCause.from_json({"kind": "disposed"}, allow_disposed=True) == DISPOSED_CAUSE
@@ -636,9 +845,25 @@ def test_v11_cancel_causes() -> None:
 @pytest.mark.parametrize("value", [
     {"kind": "disposed"}, {"kind": "nobody"}, {"kind": "user", "why": "x"}, {}, None, "user",
 ])
-def test_v11_invalid_causes(value: Any) -> None:
+def test_V11_invalid_causes(value: Any) -> None:
     with pytest.raises(ValidationError):
         CancelCause.from_json(value)
+
+
+@pytest.mark.parametrize("path", ["cause", "cancel.cause"])
+def test_V11_V8_cancel_cause_decoder_states_the_shape_and_reserves_disposed(path: str) -> None:
+    for value in ("user", {"kind": "user", "keep": True}, {}):
+        error = _validation_error(lambda value=value: CancelCause.from_json(value, path))
+        assert (error.path, error.problem) == (path, "must be {kind: 'user'} or {kind: 'parent'}")
+    error = _validation_error(lambda: CancelCause.from_json({"kind": "disposed"}, path))
+    assert (error.path, error.problem) == (f"{path}.kind", "'disposed' is reserved for dispose()")
+    assert CancelCause.from_json({"kind": "disposed"}, path, allow_disposed=True).kind == "disposed"
+
+
+def test_V11_V8_cancel_cause_kind_outside_the_three_is_named() -> None:
+    error = _validation_error(lambda: CancelCause("bogus"))  # type: ignore[arg-type]
+    assert (error.path, error.problem) == ("cause.kind",
+                                           "'bogus' is not 'user', 'parent' or 'disposed'")
 
 
 # --------------------------------------------------------------------------------------------
@@ -646,7 +871,7 @@ def test_v11_invalid_causes(value: Any) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_v12_enumerations() -> None:
+def test_V12_enumerations() -> None:
     assert set(get_args(InboxPlacement)) == vocabulary.PLACEMENTS == {"queued", "steering"}
     assert set(get_args(AgentStatus)) == vocabulary.AGENT_STATUSES == {"idle", "running"}
     assert set(get_args(SessionStartSource)) == vocabulary.SESSION_START_SOURCES == {
@@ -658,7 +883,7 @@ def test_v12_enumerations() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_v13_trigger_forms() -> None:
+def test_V13_trigger_forms() -> None:
     msg = TurnTrigger.for_message({"kind": "plugin", "plugin": "test"})
     assert msg.to_json() == {"kind": "message", "source": {"kind": "plugin", "plugin": "test"}}
     assert RETRY_TRIGGER.to_json() == {"kind": "retry"}
@@ -675,17 +900,23 @@ def test_v13_trigger_forms() -> None:
     ({"kind": "message", "source": {"kind": "user"}, "turn": 1}, "trigger"),
     ([], "trigger"),
 ])
-def test_v13_invalid_triggers(value: Any, path: str) -> None:
+def test_V13_invalid_triggers(value: Any, path: str) -> None:
     with pytest.raises(ValidationError) as info:
         TurnTrigger.from_json(value)
     assert info.value.path == path
 
 
-def test_v13_constructor_checks_source_presence() -> None:
+def test_V13_constructor_checks_source_presence() -> None:
     with pytest.raises(ValidationError, match="no source"):
         TurnTrigger("retry", {"kind": "user"})  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="required"):
         TurnTrigger("message")
+
+
+@pytest.mark.parametrize("path", ["trigger", "data.trigger"])
+def test_V13_V8_turn_trigger_decoder_states_the_expected_shape(path: str) -> None:
+    error = _validation_error(lambda: TurnTrigger.from_json("retry", path))
+    assert (error.path, error.problem) == (path, "must be a mapping {kind, source}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -693,7 +924,7 @@ def test_v13_constructor_checks_source_presence() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_v14_llm_failure_fields() -> None:
+def test_V14_llm_failure_fields() -> None:
     full = LlmFailure("rate limited", "RATE_LIMIT", 429, 1500, "req-1")
     assert full.to_json() == {"message": "rate limited", "code": "RATE_LIMIT", "status": 429,
                               "providerRetryAfterMs": 1500, "requestId": "req-1"}
@@ -715,10 +946,33 @@ def test_v14_llm_failure_fields() -> None:
     ({"message": "m", "code": "C", "requestId": 1}, "failure.requestId"),
     ({"message": "m", "code": "C", "retryable": True}, "failure"),
 ])
-def test_v14_invalid_failures(value: Any, path: str) -> None:
+def test_V14_invalid_failures(value: Any, path: str) -> None:
     with pytest.raises(ValidationError) as info:
         LlmFailure.from_json(value)
     assert info.value.path == path
+
+
+@pytest.mark.parametrize(("fields", "path", "problem"), [
+    ({"message": 1}, "failure.message", "must be a string"),
+    ({"code": None}, "failure.code", "must be a string"),
+    ({"status": 429.0}, "failure.status", "must be an integer"),
+    ({"provider_retry_after_ms": float("inf")}, "failure.providerRetryAfterMs",
+     "must be a finite number"),
+    ({"provider_retry_after_ms": "5"}, "failure.providerRetryAfterMs", "must be a finite number"),
+    ({"request_id": 7}, "failure.requestId", "must be a string"),
+])
+def test_V14_V8_failure_field_of_the_wrong_type_is_named(fields: dict[str, Any], path: str,
+                                                          problem: str) -> None:
+    arguments = {"message": "m", "code": "E", **fields}
+    error = _validation_error(lambda: LlmFailure(**arguments))
+    assert (error.path, error.problem) == (path, problem)
+    assert str(error) == f"{path}: {problem}"
+
+
+@pytest.mark.parametrize("path", ["failure", "event.data.failure"])
+def test_V14_V8_failure_decoder_states_the_expected_shape(path: str) -> None:
+    error = _validation_error(lambda: LlmFailure.from_json("boom", path))
+    assert (error.path, error.problem) == (path, "must be a mapping {message, code, ...}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -732,13 +986,13 @@ class _ModelFailure(Exception):
         self.failure = failure
 
 
-def test_v15_rendered_text_is_message_or_class_name() -> None:
+def test_V15_rendered_text_is_message_or_class_name() -> None:
     assert ErrorInfo.from_exception(RuntimeError("boom")).rendered() == "boom"
     assert ErrorInfo.from_exception(RuntimeError()).rendered() == "RuntimeError"
     assert ErrorInfo(message="", name="KeyError").rendered() == "KeyError"
 
 
-def test_v15_rendered_text_appends_each_explicit_cause() -> None:
+def test_V15_rendered_text_appends_each_explicit_cause() -> None:
     try:
         try:
             try:
@@ -754,7 +1008,7 @@ def test_v15_rendered_text_appends_each_explicit_cause() -> None:
     assert info.name == "RuntimeError" and info.code is None
 
 
-def test_v15_empty_messages_in_the_chain() -> None:
+def test_V15_empty_messages_in_the_chain() -> None:
     outer = RuntimeError()
     outer.__cause__ = ValueError()
     assert ErrorInfo.from_exception(outer).rendered() == "RuntimeError: "
@@ -763,7 +1017,7 @@ def test_v15_empty_messages_in_the_chain() -> None:
     assert ErrorInfo.from_exception(inner_empty).rendered() == "top: "
 
 
-def test_v15_only_explicit_causes_count_and_cycles_stop() -> None:
+def test_V15_only_explicit_causes_count_and_cycles_stop() -> None:
     try:
         try:
             raise ValueError("implicit")
@@ -776,7 +1030,7 @@ def test_v15_only_explicit_causes_count_and_cycles_stop() -> None:
     assert ErrorInfo.from_exception(a).rendered() == "a: b"
 
 
-def test_v15_coded_errors_and_model_failures() -> None:
+def test_V15_coded_errors_and_model_failures() -> None:
     coded = ErrorInfo.from_exception(ValidationError("x", "bad"))
     assert coded.code == "INVALID_VALUE" and coded.name == "ValidationError"
     assert coded.rendered() == "x: bad"
@@ -789,7 +1043,7 @@ def test_v15_coded_errors_and_model_failures() -> None:
     assert ErrorInfo.from_json(model.to_json()) == model
 
 
-def test_v15_a_broken_str_reads_as_empty() -> None:
+def test_V15_a_broken_str_reads_as_empty() -> None:
     class Broken(Exception):
         def __str__(self) -> str:
             raise RuntimeError("no")
@@ -797,7 +1051,7 @@ def test_v15_a_broken_str_reads_as_empty() -> None:
     assert ErrorInfo.from_exception(Broken()).rendered() == "Broken"
 
 
-def test_v15_invalid_error_info() -> None:
+def test_V15_invalid_error_info() -> None:
     cases: list[tuple[dict[str, Any], str]] = [
         ({"message": 1}, "error.message"), ({"name": ""}, "error.name"),
         ({"code": 3}, "error.code"), ({"causes": ("a", 1)}, "error.causes"),
@@ -811,12 +1065,52 @@ def test_v15_invalid_error_info() -> None:
     assert info.value.path == "error.causes"
 
 
+def test_V15_from_exception_cuts_a_cause_cycle_that_does_not_reach_the_top() -> None:
+    top, a, b = RuntimeError("top"), ValueError("a"), KeyError("b")
+    top.__cause__ = a
+    a.__cause__ = b
+    b.__cause__ = a
+    info = ErrorInfo.from_exception(top)
+    assert info.causes == ("a", "'b'")
+    assert info.rendered() == "top: a: 'b'"
+
+
+def test_V15_from_exception_ignores_a_failure_attribute_that_is_not_an_LlmFailure() -> None:
+    error = RuntimeError("boom")
+    error.failure = {"message": "m", "code": "C"}  # type: ignore[attr-defined]
+    assert ErrorInfo.from_exception(error).failure is None
+    failure = LlmFailure("m", "C")
+    error.failure = failure  # type: ignore[attr-defined]
+    assert ErrorInfo.from_exception(error).failure == failure
+
+
+def test_V15_V8_error_info_failure_that_is_not_an_llm_failure_is_named() -> None:
+    error = _validation_error(
+        lambda: ErrorInfo("m", failure={"message": "m", "code": "c"}))  # type: ignore[arg-type]
+    assert (error.path, error.problem) == ("error.failure", "must be an LlmFailure")
+
+
+def test_V15_error_info_decoder_defaults_agree_with_the_constructor() -> None:
+    assert ErrorInfo.from_json({"name": "E"}) == ErrorInfo(name="E")
+    assert ErrorInfo.from_json({"message": "m"}) == ErrorInfo("m")
+    assert ErrorInfo.from_json({}) == ErrorInfo()
+    assert ErrorInfo().name == "Error" and ErrorInfo().message == ""
+
+
+@pytest.mark.parametrize("path", ["error", "payload.error"])
+def test_V15_V8_error_info_decoder_states_the_expected_shape(path: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        ErrorInfo.from_json(5, path)
+    assert (caught.value.path, caught.value.problem) == (
+        path, "must be a mapping {name?, message, code?, causes?, failure?}")
+
+
 # --------------------------------------------------------------------------------------------
 # V16 tool results
 # --------------------------------------------------------------------------------------------
 
 
-def test_v16_tool_result_defaults_and_json() -> None:
+def test_V16_tool_result_defaults_and_json() -> None:
     r = ToolResult.from_json({"content": [text("ok")]})
     assert (r.is_error, r.error, r.additional_contexts, r.concludes_turn, r.meta) == (
         False, None, (), False, None)
@@ -842,17 +1136,43 @@ def test_v16_tool_result_defaults_and_json() -> None:
     ({"content": [], "meta": {"k": {1, 2}}}, "result.meta.k"),
     ({"content": [], "output": "x"}, "result"),
 ])
-def test_v16_invalid_tool_results_are_coded(value: Any, path: str) -> None:
+def test_V16_invalid_tool_results_are_coded(value: Any, path: str) -> None:
     with pytest.raises(ValidationError) as info:
         ToolResult.from_json(value)
     assert info.value.path == path
     assert info.value.code == INVALID_TOOL_RESULT
 
 
-def test_v16_constructor_errors_are_coded_too() -> None:
+def test_V16_constructor_errors_are_coded_too() -> None:
     with pytest.raises(ValidationError) as info:
         ToolResult(content="nope")  # type: ignore[arg-type]
     assert info.value.code == INVALID_TOOL_RESULT and info.value.path == "result.content"
+
+
+# The problem texts are pinned: they reach users through `turn/end` reasons, `agent/error`
+# payloads and `turnstile log validate` verdicts.
+TOOL_RESULT_PROBLEMS = [
+    ({"content": [], "isError": "yes"}, ".isError", "must be a bool"),
+    ({"content": [], "error": {"name": "E", "v": float("nan")}}, ".error.v", "nan is not a finite number"),
+    ({"content": [], "error": {"nom": "E"}}, ".error", "must be a mapping with a string 'name'"),
+    ({"content": [], "error": "E"}, ".error", "must be a mapping with a string 'name'"),
+    ({"content": [], "additionalContexts": {}}, ".additionalContexts", "must be a list of user messages"),
+    ({"content": [], "concludesTurn": 1}, ".concludesTurn", "must be a bool"),
+    ({"content": [], "meta": {1: 2}}, ".meta", "key 1 is not a string"),
+    (5, "", "must be a mapping {content, ...}"),
+    ({"content": [], "extra": 1}, "", "unexpected field(s) 'extra'"),
+    ({}, ".content", "is required"),
+]
+
+
+@pytest.mark.parametrize(("value", "suffix", "problem"), TOOL_RESULT_PROBLEMS)
+@pytest.mark.parametrize("path", ["result", "call.result"])
+def test_V16_V8_tool_result_decoder_names_path_problem_and_code(value: Any, suffix: str, problem: str,
+                                                                  path: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        ToolResult.from_json(value, path)
+    assert (caught.value.path, caught.value.problem) == (path + suffix, problem)
+    assert caught.value.code == "INVALID_TOOL_RESULT"
 
 
 # --------------------------------------------------------------------------------------------
@@ -860,7 +1180,7 @@ def test_v16_constructor_errors_are_coded_too() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_v17_decisions() -> None:
+def test_V17_decisions() -> None:
     assert decision_from_json({"kind": "allow"}) == ALLOW == Allow()
     replaced = decision_from_json({"kind": "allow", "content": [text("rewritten")],
                                    "additionalContexts": [_msg(id="ctx")]})
@@ -887,10 +1207,24 @@ def test_v17_decisions() -> None:
      "decision.additionalContexts[0].content[0].text"),
     ({"kind": "allow", "prefix": "x"}, "decision"),
 ])
-def test_v17_invalid_decisions(value: Any, path: str) -> None:
+def test_V17_invalid_decisions(value: Any, path: str) -> None:
     with pytest.raises(ValidationError) as info:
         decision_from_json(value)
     assert info.value.path == path
+
+
+def test_V17_V8_block_decision_reason_that_is_not_a_string_is_named() -> None:
+    error = _validation_error(lambda: Block(None))  # type: ignore[arg-type]
+    assert (error.path, error.problem) == ("decision.reason", "must be a string")
+
+
+def test_V17_V8_decision_errors_name_the_field_and_the_problem() -> None:
+    error = _validation_error(lambda: decision_from_json("allow", "hook.decision"))
+    assert (error.path, error.problem) == (
+        "hook.decision", "must be {kind:'allow', ...} or {kind:'block', reason}")
+    error = _validation_error(lambda: Allow(additional_contexts="x"))  # type: ignore[arg-type]
+    assert (error.path, error.problem) == ("decision.additionalContexts",
+                                           "must be a list of user messages")
 
 
 # --------------------------------------------------------------------------------------------
@@ -909,7 +1243,7 @@ def test_v17_invalid_decisions(value: Any, path: str) -> None:
     {"type": "finish", "kind": "aborted"},
     {"type": "finish", "kind": "aborted", "failure": {"message": "m", "code": "ABORTED"}},
 ])
-def test_v18_valid_chunks(chunk: dict[str, Any]) -> None:
+def test_V18_valid_chunks(chunk: dict[str, Any]) -> None:
     assert validate_chunk(chunk) == chunk
 
 
@@ -926,7 +1260,7 @@ def test_v18_valid_chunks(chunk: dict[str, Any]) -> None:
     ({"type": "usage", "usage": 5}, "chunk.usage"),
     ({"type": "finish", "kind": "stop", "usage": 5}, "chunk.usage"),
 ])
-def test_v18_invalid_chunks_are_coded(chunk: Any, path: str) -> None:
+def test_V18_invalid_chunks_are_coded(chunk: Any, path: str) -> None:
     with pytest.raises(ValidationError) as info:
         validate_chunk(chunk)
     assert info.value.path == path
@@ -946,7 +1280,7 @@ class _Text(str):
     {"type": "text", "text": "hi", "extra": 1},         # the general path: another field
     {"type": "reasoning", "text": "hi"},
 ])
-def test_v18_text_chunks_are_frozen_copies_of_their_fields(chunk: dict[str, Any]) -> None:
+def test_V18_text_chunks_are_frozen_copies_of_their_fields(chunk: dict[str, Any]) -> None:
     frozen = validate_chunk(chunk)
     assert type(frozen) is FrozenDict and frozen == chunk and list(frozen) == list(chunk)
     assert all(type(value) is not _Text for value in frozen.values())
@@ -959,7 +1293,7 @@ def test_v18_text_chunks_are_frozen_copies_of_their_fields(chunk: dict[str, Any]
     ({"type": "text", "text": math.nan}, "chunk.text"),
     ({"type": "text", "text": [object()]}, "chunk.text[0]"),
 ])
-def test_v18_text_chunks_with_bad_values_are_refused(chunk: Any, path: str) -> None:
+def test_V18_text_chunks_with_bad_values_are_refused(chunk: Any, path: str) -> None:
     with pytest.raises(ValidationError) as info:
         validate_chunk(chunk)
     assert info.value.path == path and info.value.code == INVALID_CHUNK
@@ -970,7 +1304,7 @@ def test_v18_text_chunks_with_bad_values_are_refused(chunk: Any, path: str) -> N
 # --------------------------------------------------------------------------------------------
 
 
-def test_v19_reason_forms() -> None:
+def test_V19_reason_forms() -> None:
     for kind in ("completed", "aborted", "disposed", "max-tokens", "interrupted"):
         reason = TurnEndReason.from_json({"kind": kind})
         assert reason.to_json() == {"kind": kind}
@@ -1005,13 +1339,13 @@ def test_v19_reason_forms() -> None:
     ({"kind": "error", "step": 1, "failure": None}, "reason.failure"),
     ("aborted", "reason"),
 ])
-def test_v19_invalid_reasons(value: Any, path: str) -> None:
+def test_V19_invalid_reasons(value: Any, path: str) -> None:
     with pytest.raises(ValidationError) as info:
         TurnEndReason.from_json(value)
     assert info.value.path == path
 
 
-def test_v19_constructor_rejects_impossible_combinations() -> None:
+def test_V19_constructor_rejects_impossible_combinations() -> None:
     failure = LlmFailure("m", "C")
     bad: list[dict[str, Any]] = [
         {"kind": "aborted", "step": 0},
@@ -1026,12 +1360,32 @@ def test_v19_constructor_rejects_impossible_combinations() -> None:
             TurnEndReason(**kwargs)
 
 
+@pytest.mark.parametrize(("kind", "fields", "path", "problem"), [
+    ("completed", {"message": "m"}, "reason.message", "is not allowed on a 'completed' reason"),
+    ("aborted", {"code": "E"}, "reason.code", "is not allowed on a 'aborted' reason"),
+    ("error", {"step": 1, "failure": "plain"}, "reason.failure", "must be an LlmFailure"),
+    ("error", {"step": 1, "failure": "llm", "message": "m"}, "reason.message",
+     "is not allowed beside a failure"),
+    ("error", {"step": 1, "failure": "llm", "code": "E"}, "reason.code",
+     "is not allowed beside a failure"),
+    ("error", {"step": 1}, "reason.message", "an error reason needs a failure or a string message"),
+])
+def test_V19_V8_turn_end_reason_field_problems_are_named(kind: str, fields: dict[str, Any],
+                                                         path: str, problem: str) -> None:
+    if fields.get("failure") == "llm":
+        fields = {**fields, "failure": LlmFailure("overloaded", "E_MODEL")}
+    elif fields.get("failure") == "plain":
+        fields = {**fields, "failure": {"message": "overloaded", "code": "E_MODEL"}}
+    error = _validation_error(lambda: TurnEndReason(kind, **fields))  # type: ignore[arg-type]
+    assert (error.path, error.problem) == (path, problem)
+
+
 # --------------------------------------------------------------------------------------------
 # V20 settle reasons
 # --------------------------------------------------------------------------------------------
 
 
-def test_v20_settle_forms() -> None:
+def test_V20_settle_forms() -> None:
     assert SETTLE_COMPLETED.to_json() == {"kind": "completed"}
     assert SETTLE_ABORTED.to_json() == {"kind": "aborted"}
     error = ErrorInfo("bad", "RuntimeError")
@@ -1053,19 +1407,51 @@ def test_v20_settle_forms() -> None:
     ({"kind": "error", "error": {"message": "m"}, "failure": {"code": "C"}},
      "reason.failure.message"),
 ])
-def test_v20_invalid_settle_reasons(value: Any, path: str) -> None:
+def test_V20_invalid_settle_reasons(value: Any, path: str) -> None:
     with pytest.raises(ValidationError) as info:
         SettleReason.from_json(value)
     assert info.value.path == path
 
 
-def test_v20_constructor_rejects_impossible_combinations() -> None:
+def test_V20_constructor_rejects_impossible_combinations() -> None:
     with pytest.raises(ValidationError):
         SettleReason("error")
     with pytest.raises(ValidationError):
         SettleReason("aborted", failure=LlmFailure("m", "C"))
     with pytest.raises(ValidationError):
         SettleReason("error", {"message": "m"})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", ["completed", None, 3, ["kind"]])
+@pytest.mark.parametrize("path", [None, "reason", "payload.reason"])
+def test_V20_V8_settle_reason_decoder_refuses_a_non_mapping_stating_the_expected_shape(
+        bad: Any, path: str | None) -> None:
+    with pytest.raises(ValidationError) as caught:
+        if path is None:
+            SettleReason.from_json(bad)
+        else:
+            SettleReason.from_json(bad, path)
+    assert (caught.value.path, caught.value.problem) == (path or "reason", "must be a mapping {kind}")
+
+
+def test_V20_V8_settle_reason_errors_are_rebased_onto_the_callers_path() -> None:
+    with pytest.raises(ValidationError) as caught:
+        SettleReason.from_json({"kind": "error", "error": {"name": "E", "message": 5}}, "payload.reason")
+    assert caught.value.path.startswith("payload.reason.error")
+    with pytest.raises(ValidationError) as caught:
+        SettleReason.from_json({"kind": "nope"}, "payload.reason")
+    assert caught.value.path.startswith("payload.reason")
+    with pytest.raises(ValidationError) as caught:
+        SettleReason.from_json({"kind": "error", "error": {"name": "E", "message": "m"}, "failure": None})
+    assert caught.value.path == "reason.failure"
+    assert caught.value.problem == "must be a mapping when present"
+
+
+@pytest.mark.parametrize("kind", ["max-tokens", "disposed", ""])
+def test_V20_V8_settle_reason_kind_outside_the_three_is_named(kind: str) -> None:
+    error = _validation_error(lambda: SettleReason(kind))  # type: ignore[arg-type]
+    assert (error.path, error.problem) == (
+        "reason.kind", f"{kind!r} is not 'completed', 'aborted' or 'error'")
 
 
 # --------------------------------------------------------------------------------------------
@@ -1084,5 +1470,5 @@ def test_v20_constructor_rejects_impossible_combinations() -> None:
     (True, False),
     ([{"kind": "retry"}], False),
 ])
-def test_v21_only_exactly_retry_means_retry(value: Any, retry: bool) -> None:
+def test_V21_only_exactly_retry_means_retry(value: Any, retry: bool) -> None:
     assert retry_action_from_json(value) is retry

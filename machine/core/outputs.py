@@ -85,9 +85,6 @@ class Outputs(CoreState):
             if effect in self._done_effects:
                 raise ProtocolError(f"effect {effect} was already completed")
             raise ProtocolError(f"effect {effect} was never requested")
-        if record.released:
-            raise ProtocolError(f"effect {effect} ({record.kind}) was released: the core "
-                                "stopped consuming it")
         if kind in ("chunk", "end") and record.kind != MODEL:
             raise ProtocolError(f"effect {effect} is a {record.kind!r} effect; only a model "
                                 f"effect takes {kind!r}")
@@ -197,11 +194,9 @@ class Outputs(CoreState):
         """P5: stop consuming a model stream; drop what is buffered for it. Returns the
         ``release`` notice, or None when the stream had already ended (nothing to stop)."""
         self._mail = deque(m for m in self._mail if m[0] != effect_id)
-        record = self._effects.pop(effect_id, None)
-        if record is None:
+        if self._effects.pop(effect_id, None) is None:
             return None
-        record.released = True
-        self._done_effects.add(effect_id)
+        self._done_effects.add(effect_id)   # P10: a later completion is refused
         return Control("release", FrozenDict({"effect": effect_id}))
 
     def _commit(self, type_: str, data: Mapping[str, Frozen] | Message, *,

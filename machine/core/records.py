@@ -148,9 +148,12 @@ class _CancelRequested:
 
 @dataclass(slots=True)
 class _EffectRecord:
+    """An outstanding effect (P4): in ``_effects`` from its request until it completes,
+    is released (P5) or is abandoned (P16); a completion of an id no longer there is
+    refused (P10) or, when abandoned, dropped."""
+
     kind: str
     payload: FrozenDict
-    released: bool = False
 
 
 class _Aborted(Exception):
