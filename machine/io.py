@@ -47,6 +47,11 @@ TOOL_FINALIZE: Final = "tool-finalize"
 TURN_STOPPING: Final = "turn-stopping"
 REQUEST_ERROR: Final = "request-error"
 FLUSH: Final = "flush"
+#: The effect kinds as a type (P4): the core requests only these (mypy checks every request;
+#: tests/test_machines.py checks the type names exactly EFFECT_KINDS).
+EffectKind: TypeAlias = Literal["tick", "prompt-submit", "step", "system-prompt", "request",
+                                "model", "tool-prepare", "tool-execute", "tool-finalize",
+                                "turn-stopping", "request-error", "flush"]
 EFFECT_KINDS: Final = frozenset({
     TICK, PROMPT_SUBMIT, STEP_HOOK, SYSTEM_PROMPT, REQUEST, MODEL, TOOL_PREPARE, TOOL_EXECUTE,
     TOOL_FINALIZE, TURN_STOPPING, REQUEST_ERROR, FLUSH,

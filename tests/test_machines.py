@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import re
+import typing
 from collections import deque
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -169,6 +170,21 @@ def test_every_declared_trigger_is_fired_by_the_core_and_nothing_else_is(name: s
     module = MODULES[name]
     fired = set(re.findall(rf'self\.{name}\.fire\("(\w+)"\)', CORE_SOURCE))
     assert fired == set(triggers(module))
+
+
+@pytest.mark.parametrize("name", ["window", "lifecycle"])
+def test_the_trigger_type_names_exactly_the_declared_triggers(name: str) -> None:
+    """R4.3, R4.2: ``fire`` takes the machine's ``Trigger`` literal type, so mypy refuses a
+    trigger the table does not declare; the type must name exactly the declared ones."""
+    module = MODULES[name]
+    assert set(typing.get_args(module.Trigger)) == set(triggers(module))
+
+
+def test_the_effect_kind_type_names_exactly_the_effect_kinds() -> None:
+    """P4: the core requests effects through ``EffectKind``; it names exactly EFFECT_KINDS."""
+    from machine.io import EFFECT_KINDS, EffectKind
+
+    assert set(typing.get_args(EffectKind)) == set(EFFECT_KINDS)
 
 
 @pytest.mark.parametrize(("name", "cls", "uses"), [

@@ -31,6 +31,7 @@ from machine.io import (
     Control,
     Durable,
     Effect,
+    EffectKind,
     Live,
     Output,
 )
@@ -183,7 +184,7 @@ class Outputs(CoreState):
                 return mail
         return None
 
-    def _new_effect(self, kind: str, payload: FrozenDict,
+    def _new_effect(self, kind: EffectKind, payload: FrozenDict,
                     history: Sequence[Message] | None = None) -> Effect:
         effect_id = self._next_effect
         self._next_effect += 1

@@ -10,6 +10,7 @@ from machine import events as ev
 from machine.events import LiveEvent
 from machine.io import (
     Control,
+    EffectKind,
     Live,
     Output,
 )
@@ -152,7 +153,7 @@ class _EffectRecord:
     is released (P5) or is abandoned (P16); a completion of an id no longer there is
     refused (P10) or, when abandoned, dropped."""
 
-    kind: str
+    kind: EffectKind
     payload: FrozenDict
 
 

@@ -31,6 +31,7 @@ from machine.io import (
     REQUEST_ERROR,
     STEP_HOOK,
     SYSTEM_PROMPT,
+    EffectKind,
     Output,
 )
 from machine.jsonvalue import (
@@ -131,7 +132,7 @@ def _folded_blocks(content: list[_Folded]) -> list[FrozenDict]:
 class Step(ToolBatch):
     """One step of a turn (R9)."""
 
-    def _hook(self, kind: str, payload: FrozenDict) -> Generator[Output | _Wait, _Mail | None, Any]:
+    def _hook(self, kind: EffectKind, payload: FrozenDict) -> Generator[Output | _Wait, _Mail | None, Any]:
         """Request an effect, wait, and raise its failure as a generic failure."""
         effect = self._new_effect(kind, payload)
         yield effect

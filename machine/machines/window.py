@@ -11,9 +11,13 @@ from closed. ``accepts_next_step`` reads it.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal, TypeAlias
 
 from machine.machines.table import Row, compile_table, declared_machine, step
+
+#: The window's triggers, as a type: mypy refuses a trigger the table does not declare
+#: (tests/test_machines.py checks it names exactly the declared ones).
+Trigger: TypeAlias = Literal["claim", "start_run", "reject", "end_run"]
 
 NAME: Final = "window"
 STATES: Final = ("closed", "admission", "turn")
@@ -40,7 +44,7 @@ class Window:
     def __init__(self) -> None:
         self.state: str = INITIAL
 
-    def fire(self, trigger: str) -> None:
+    def fire(self, trigger: Trigger) -> None:
         self.state = step(TABLE, NAME, self.state, trigger)
 
     @property
