@@ -54,6 +54,8 @@ from machine.runtime.adapters.common import (
     adapter_options,
     block_json,
     context_label,
+    event_count,
+    event_index,
     finish_chunks,
     label_text,
     missing_result_ids,
@@ -287,18 +289,12 @@ def _text(owner: object, name: str, where: str, *, default: str | None = None) -
 
 def _count(owner: object, name: str, where: str) -> int | None:
     """The optional token count *name* of *owner*."""
-    value = _get(owner, name)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise MalformedEvent(f"{where}: {name} is not an integer")
-    return value
+    return event_count(_get(owner, name), name, where)
 
 
 def _index(event: object, where: str) -> int:
     """The block index of a content block event."""
-    value = _get(event, "index")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise MalformedEvent(f"{where}: index is missing or not an integer")
-    return value
+    return event_index(_get(event, "index"), where)
 
 # --------------------------------------------------------------------------
 # Mapping

@@ -31,7 +31,8 @@ __all__ = [
     "SERVER_ERROR", "STREAM_INTERRUPTED", "TIMEOUT", "Aborted", "Labeller", "MalformedEvent",
     "SdkErrors",
     "adapter_options", "api_key", "block_json", "classify_status", "closing_chunks",
-    "context_label", "finish_chunks", "http_failure", "is_transport_error", "label_text",
+    "context_label", "event_count", "event_index", "finish_chunks", "http_failure",
+    "is_transport_error", "label_text",
     "missing_result_ids", "parse_arguments", "race_abort", "refuse_reserved", "request_options",
     "retry_after_ms", "sdk_failure", "stream_failure", "system_text", "text_of", "tool_specs",
     "until_aborted", "usage",
@@ -262,6 +263,22 @@ NO_KEY: Final = "no-key"
 class MalformedEvent(ValueError):
     """A stream event that is JSON but not of the provider's shape (a field missing or of
     the wrong type), found by an adapter as it reads the event: `MALFORMED_RESPONSE`."""
+
+
+def event_count(value: object, name: str, where: str) -> int | None:
+    """An optional token count read from a stream event (absent: None); `MalformedEvent`
+    when it is there but not an integer."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise MalformedEvent(f"{where}: {name} is not an integer")
+    return value
+
+
+def event_index(value: object, where: str) -> int:
+    """The ``index`` of a stream event's part (a block, a choice, a tool-call delta);
+    `MalformedEvent` when it is missing or not an integer."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MalformedEvent(f"{where}: index is missing or not an integer")
+    return value
 
 
 def stream_failure(provider: str, exc: BaseException, *, streamed: bool) -> ModelFailure | None:
