@@ -679,16 +679,7 @@ def _core_parts(core: AgentCore) -> list[object]:
         core._disposing, core._disposed, core._next_effect, core._next_signal,
         repr(core._retro),
     ]
-    generator: Any = core._proc
-    while generator is not None:
-        frame = generator.gi_frame
-        if frame is None:
-            parts.append("finished")
-            break
-        parts.append((generator.gi_code.co_name, frame.f_lasti,
-                      tuple(sorted((k, repr(v)) for k, v in frame.f_locals.items()
-                                   if k != "self"))))
-        generator = generator.gi_yieldfrom
+    parts.append(_canonical(core._frames, 0))
     return parts
 
 

@@ -313,6 +313,22 @@ def validate_events(events: Iterable[Event]) -> Violation | None:
 # --------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class LogMark:
+    """A position of a `SessionLog` (`SessionLog.mark`): its length and the checker state
+    there, so that `SessionLog.fork` can give back the log as it was. Compares by value."""
+
+    length: int
+    open_turn: int | None
+    open_step: int | None
+    last_turn: int
+    last_step: int
+    step_calls: frozenset[str]
+    last_header: FrozenDict | None
+    generations: int
+    entries: int
+
+
 class SessionLog:
     """An append-only session log that checks every append before commit (L1–L14).
 
@@ -388,6 +404,50 @@ class SessionLog:
     @property
     def has_header(self) -> bool:
         return self._last_header is not None
+
+    # -- marks and forks (L15) -----------------------------------------------------
+
+    def mark(self) -> LogMark:
+        """The log's position now, as a value: what `fork` needs to give back the log as it
+        is now, however much is appended later (the log is append-only). O(1)."""
+        last = self._generations[-1]
+        return LogMark(len(self._records), self._open_turn, self._open_step, self._last_turn,
+                       self._last_step, frozenset(self._step_calls), self._last_header,
+                       len(self._generations), len(last.keys))
+
+    def fork(self, mark: LogMark | None = None) -> SessionLog:
+        """An independent log holding this log's events up to *mark* (all if None), with the
+        same clock and extension rules and no observers: appends to either log never reach
+        the other. O(events) references copied; nothing is re-checked or re-encoded.
+        `ValueError` if *mark* is not a position of this log."""
+        if mark is None:
+            mark = self.mark()
+        elif (type(mark) is not LogMark or mark.length > len(self._records)
+              or mark.generations > len(self._generations)):
+            raise ValueError(f"{shown(mark)} is not a position of this log")
+        fork = SessionLog.__new__(SessionLog)
+        fork._clock = self._clock
+        fork._records = self._records[:mark.length]
+        fork._rules = dict(self._rules)
+        fork._open_turn, fork._open_step = mark.open_turn, mark.open_step
+        fork._last_turn, fork._last_step = mark.last_turn, mark.last_step
+        fork._step_calls = set(mark.step_calls)
+        fork._last_header = mark.last_header
+        # Why only the last generation is copied: an earlier one is never appended to again
+        # (a replace starts a new one), and views of this log keep their own lengths.
+        kept = self._generations[:mark.generations]
+        last = kept[-1]
+        entries = mark.entries
+        kept[-1] = _Generation(last.start, last.keys[:entries], last.origins[:entries],
+                               last.messages[:entries])
+        fork._generations = kept
+        fork._generation_starts = self._generation_starts[:mark.generations]
+        fork._observers = {}
+        fork._next_token = 0
+        fork._undelivered = deque()
+        fork._delivering = False
+        fork._checked = None
+        return fork
 
     # -- extension rules (L10) ----------------------------------------------
 

@@ -15,7 +15,11 @@ from typing import Any
 
 import pytest
 
+from machine import events as ev
 from machine.core import AgentCore
+from machine.core.admission import Admission, IntervalFrame
+from machine.core.records import Action
+from machine.events import LiveEvent
 from machine.explore import (
     CONFIGURATIONS,
     Explorer,
@@ -25,6 +29,8 @@ from machine.explore import (
     state_key,
 )
 from machine.invariants import AgentInvariantError, InvariantMonitor, next_status_ok, window_ok
+from machine.io import Live
+from machine.jsonvalue import FrozenDict
 from machine.reach import FAMILIES, ROWS
 
 DEEP = os.environ.get("TURNSTILE_PROFILE") == "deep"
@@ -220,22 +226,17 @@ def test_explorer_catches_a_planted_context_loss(monkeypatch: pytest.MonkeyPatch
 
 def test_explorer_catches_a_planted_status_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
     """A continue-or-idle that re-announces running (breaking D1) is found."""
-    monkeypatch.setattr(AgentCore, "_claim", _claim_always_running(AgentCore._claim))
+    claim = Admission._interval_claim
+
+    def always_running(self: AgentCore, frame: IntervalFrame, sent: object) -> Action:
+        if self.lifecycle.busy:     # the next claim of the interval re-announces running
+            frame.phase = claim
+            return Live(LiveEvent(ev.STATUS, FrozenDict({"status": "running"})))
+        return claim(self, frame, sent)
+
+    monkeypatch.setattr(Admission, "_interval_claim", always_running)
     result = Explorer(commands=("followup",)).run(3)
     assert result.failure is not None and "R20.1a" in str(result.failure)
-
-
-def _claim_always_running(claim):  # type: ignore[no-untyped-def]
-    from machine import events as ev
-    from machine.events import LiveEvent
-    from machine.io import Live
-    from machine.jsonvalue import FrozenDict
-
-    def wrapped(self):  # type: ignore[no-untyped-def]
-        if self.lifecycle.busy:
-            yield Live(LiveEvent(ev.STATUS, FrozenDict({"status": "running"})))
-        yield from claim(self)
-    return wrapped
 
 
 def test_state_key_is_symmetric_in_message_names() -> None:

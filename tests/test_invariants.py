@@ -7,13 +7,15 @@ envelope.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from machine import events as ev
 from machine.core import AgentCore, CoreConfig
+from machine.core.admission import Admission, ClaimFrame
+from machine.core.records import Action
 from machine.events import Event, LiveEvent
 from machine.invariants import AgentInvariantError, InvariantMonitor, conservation_problem
 from machine.io import Cancel, Durable, Effect, Input, Live, Output, Resolve, Send
@@ -149,33 +151,24 @@ def test_R7_5_an_admission_aborted_at_running_keeps_its_dequeue() -> None:
     assert run.monitor.dequeued == {"go": 1} and run.monitor.claimed is None
 
 
-def _bent_claim(replace: Callable[[AgentCore, Live], Iterator[Live]]) -> Any:
-    """A copy of `AgentCore._claim` whose queued dequeue, when the admission is already
-    aborted, is replaced by what *replace* yields."""
-    claim = AgentCore._claim
-
-    def bent(self: AgentCore) -> Any:
-        inner = claim(self)
-        sent: Any = None
-        while True:
-            try:
-                item = inner.send(sent)
-            except StopIteration as stop:
-                return stop.value
-            # aborted at the claim, the admission has already released its owner (R7.5)
-            if (isinstance(item, Live) and item.event.type == ev.INBOX_DEQUEUE
-                    and self._owner is None):
-                yield from replace(self, item)
-                sent = None
-                continue
-            sent = yield item
-    return bent
+def _bent_claim(monkeypatch: pytest.MonkeyPatch,
+                replace: Callable[[AgentCore, Live], Live | None]) -> None:
+    """Plant a claim whose dequeue, when the admission is already aborted (R7.5: the phase
+    that gives it), is replaced by what *replace* returns (None: left out)."""
+    def bent(self: AgentCore, frame: ClaimFrame, _sent: object) -> Action:
+        assert frame.dequeue is not None
+        frame.phase = Admission._claim_aborted_tick
+        replacement = replace(self, frame.dequeue)
+        if replacement is None:
+            return Admission._claim_aborted_tick(self, frame, None)
+        return replacement
+    monkeypatch.setattr(Admission, "_claim_aborted_dequeue", bent)
 
 
 def test_R20_1b_an_aborted_admission_without_its_dequeue_is_caught(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Planted: the dequeue of an admission aborted before its decision is left out."""
-    monkeypatch.setattr(AgentCore, "_claim", _bent_claim(lambda core, dequeue: iter(())))
+    _bent_claim(monkeypatch, lambda core, dequeue: None)
     run = Monitored()
     with pytest.raises(AgentInvariantError, match=r"\[R20\.1b\] the claimed item 'go' got no "
                        r"agent/inbox/dequeue before the rejected admission's tick"):
@@ -186,11 +179,11 @@ def test_R20_1b_a_claimed_item_reported_discarded_is_caught(monkeypatch: pytest.
     """Planted: the aborted admission reports its claimed item in an inbox discard instead of
     its dequeue. The counts balance (enqueued once, discarded once), so only following the
     claim catches it."""
-    def as_discard(core: AgentCore, dequeue: Live) -> Iterator[Live]:
+    def as_discard(core: AgentCore, dequeue: Live) -> Live:
         message = dequeue.event.payload["message"]
-        yield Live(LiveEvent(ev.INBOX_DISCARD, FrozenDict({"messages": FrozenList([message])})))
+        return Live(LiveEvent(ev.INBOX_DISCARD, FrozenDict({"messages": FrozenList([message])})))
 
-    monkeypatch.setattr(AgentCore, "_claim", _bent_claim(as_discard))
+    _bent_claim(monkeypatch, as_discard)
     run = Monitored()
     assert conservation_problem({"go": 1}, {}, {"go": 1}, []) is None
     with pytest.raises(AgentInvariantError, match=r"\[R20\.1b\] the claimed item 'go' is "

@@ -79,7 +79,7 @@ def _running_core() -> tuple[AgentCore, Effect]:
     ("(2)", lambda core: setattr(core, "_owner", _Controller(99, "run"))),
     ("(3)", lambda core: setattr(core, "_wake_effect", 7)),
     ("(4)", lambda core: setattr(core, "_pending_retry", True)),
-    ("(5)", lambda core: setattr(core, "_proc", None)),
+    ("(5)", lambda core: core._frames.clear()),
     ("(6)", lambda core: setattr(core, "_disposed", True)),
     ("(7)", lambda core: setattr(core, "_failure", object())),
 ])

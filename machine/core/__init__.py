@@ -77,14 +77,15 @@ from machine.core.records import (
     frozen_json,
     frozen_message,
 )
+from machine.core.snapshot import duplicate_state, log_parts, state_parts
 from machine.core.state import CoreState
 from machine.core.tools import ABD_RESULT, normalized, plan_arguments, raised_result
-from machine.log import SessionLog
+from machine.log import LogMark, SessionLog
 
 __all__ = ["ABD_ERROR", "ABD_RESULT", "ABD_TEXT", "ABORTED", "ABORTED_ERROR", "ABORTED_TEXT",
            "COMPLETED", "DISPOSED", "LOOP_TYPES", "MAX_TOKENS", "NO_ROUTE_MESSAGE", "AgentCore",
-           "CoreConfig", "CoreState", "ToolMode", "frozen_json", "frozen_message", "normalized",
-           "plan_arguments", "raised_result"]
+           "CoreConfig", "CoreSnapshot", "CoreState", "ToolMode", "frozen_json",
+           "frozen_message", "normalized", "plan_arguments", "raised_result"]
 
 
 class AgentCore(Admission):
@@ -98,3 +99,101 @@ class AgentCore(Admission):
             self._emit_live(ev.SESSION_CREATED)
             self._emit_live(ev.AGENT_CREATED, status="idle")
             self._emit_live(ev.SESSION_START, source=self.config.session_start)
+
+    # ------------------------------------------------------------------
+    # Snapshots (rule R4.12)
+    # ------------------------------------------------------------------
+
+    def snapshot(self) -> CoreSnapshot:
+        """The core's whole state now, as an immutable value (R4.12): its machines, queues,
+        outstanding effects, buffered completions, queued outputs and the loop's position,
+        with the session log by position. O(state); the log is not copied. Take it between
+        outputs (any time the caller holds control)."""
+        state = AgentCore.__new__(type(self))
+        duplicate_state(self, state, self.log)
+        return CoreSnapshot(state, self.log, self.log.mark())
+
+    @classmethod
+    def restore(cls, snapshot: CoreSnapshot) -> AgentCore:
+        """A new core whose future, for the same inputs, is exactly that of the core the
+        snapshot was taken from at that moment (R4.12): same outputs, appends, read-only
+        state and errors. Its log is a fork of the snapshot's log at the snapshot's position
+        (`SessionLog.fork`, L15): events appended to the original since are not in it, and
+        nothing appended to either reaches the other. Log observers are not carried over.
+        O(state), plus the copy of the log's event references; no input is replayed. A
+        snapshot restores any number of times."""
+        if not isinstance(snapshot, CoreSnapshot):
+            raise TypeError(f"restore takes a CoreSnapshot, not {type(snapshot).__name__}")
+        core = AgentCore.__new__(type(snapshot._state))
+        duplicate_state(snapshot._state, core, snapshot._log.fork(snapshot._mark))
+        return core
+
+    def copy(self) -> AgentCore:
+        """An independent core in this core's state (`restore` of a `snapshot`, in one copy)."""
+        core = AgentCore.__new__(type(self))
+        duplicate_state(self, core, self.log.fork())
+        return core
+
+
+class CoreSnapshot:
+    """A core's whole state at one moment, as an immutable value (R4.12); made by
+    `AgentCore.snapshot` and turned back into a core by `AgentCore.restore`.
+
+    Two snapshots are equal when everything their futures depend on is equal: the state
+    (machines, queues, effects, completions, queued outputs, the loop's frames) and the log's
+    events up to the snapshot's position, compared by type, data, surface operation and
+    sources (not by time). They hash alike then. `key(symmetric=True)` also equates states
+    that differ only in the names of their messages (ids renamed in order of appearance),
+    as a model checker's symmetry reduction does."""
+
+    __slots__ = ("_key", "_log", "_mark", "_state")
+
+    def __init__(self, state: AgentCore, log: SessionLog, mark: LogMark) -> None:
+        self._state = state
+        self._log = log
+        self._mark = mark
+        self._key: tuple[object, ...] | None = None
+
+    @property
+    def log_length(self) -> int:
+        """How many events of the log the snapshot includes."""
+        return self._mark.length
+
+    @property
+    def status(self) -> str:
+        """The read-only state of the core at the snapshot (P10)."""
+        return self._state.status
+
+    @property
+    def pending_queued(self) -> int:
+        return self._state.pending_queued
+
+    @property
+    def pending_steering(self) -> int:
+        return self._state.pending_steering
+
+    @property
+    def pending_context(self) -> int:
+        return self._state.pending_context
+
+    def key(self, *, symmetric: bool = False) -> tuple[object, ...]:
+        """A canonical value of the state and its log (see the class docstring); equal keys
+        mean equal futures. O(state + log)."""
+        if symmetric:
+            ids: dict[str, str] = {}
+            return (state_parts(self._state, ids), log_parts(self._log, self._mark, ids))
+        if self._key is None:
+            self._key = (state_parts(self._state), log_parts(self._log, self._mark))
+        return self._key
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CoreSnapshot):
+            return NotImplemented
+        return self is other or self.key() == other.key()
+
+    def __hash__(self) -> int:
+        return hash(self.key())
+
+    def __repr__(self) -> str:
+        return (f"CoreSnapshot(status={self.status!r}, log_length={self.log_length}, "
+                f"pending_queued={self.pending_queued})")

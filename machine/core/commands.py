@@ -179,7 +179,7 @@ class Commands(Outputs):
         if self.lifecycle.state != "idle":
             return
         self.lifecycle.fire("request_wake")
-        effect = self._new_effect(TICK, FrozenDict({"purpose": "wake"}))
+        effect = self._new_effect(TICK, FrozenDict._adopt({"purpose": "wake"}))
         self._wake_effect = effect.id
         self._emit(effect)
 
@@ -297,7 +297,7 @@ class Commands(Outputs):
         ``agent/error`` names the failure."""
         info = internal_error(error)
         self._failure = info
-        self._proc = None
+        self._frames.clear()
         self._wait = None
         self._mail.clear()
         self._abandoned.update(self._effects)

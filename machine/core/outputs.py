@@ -4,12 +4,14 @@ advances the loop, the mailbox of buffered completions (P6), effect records and 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Generator, Mapping, Sequence
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Final, Literal
 
 from machine import events as ev
 from machine.core.records import (
     APPEND,
+    DONE,
+    Action,
     _Aborted,
     _AbortNotice,
     _CancelRequested,
@@ -46,6 +48,9 @@ from machine.vocabulary import (
     ErrorInfo,
     Message,
 )
+
+#: The classes of the outputs a phase may give (machine.io's ``Output``).
+OUTPUT_TYPES: Final = frozenset((Durable, Live, Effect, Control))
 
 
 class Outputs(CoreState):
@@ -119,10 +124,10 @@ class Outputs(CoreState):
                     return item.materialise()
                 return item
             # Advance the loop by one step. Why inline (this runs once per output): one call
-            # fewer, and an output yielded with nothing queued before it is handed out at
-            # once rather than queued and taken back (the same output, in the same order).
-            proc = self._proc
-            if proc is None:
+            # fewer, and an output the loop gives with nothing queued before it is handed out
+            # at once rather than queued and taken back (the same output, in the same order).
+            frames = self._frames
+            if not frames:
                 try:
                     if not self._advance_idle():
                         return None
@@ -131,29 +136,66 @@ class Outputs(CoreState):
                     if isinstance(error, EXITS):
                         raise           # P16: the core has stopped; the exit goes on
                 continue
-            sent: _Mail | None = None
+            sent: object = None
             if self._wait is not None:
                 sent = self._take_mail(self._wait)
                 if sent is None:
                     return None         # P7: nothing pulled, the position stays
                 self._wait = None
             self._retro = None          # the loop moves on: the position is over (P7)
+            frame = frames[-1]
             try:
-                yielded = proc.send(sent)
-            except StopIteration:
-                self._proc = None
-                continue
+                while True:             # run phases until one gives an output or waits
+                    try:
+                        action = frame.phase(self, frame, sent)
+                    except Exception as error:
+                        action = self._unwind(error)
+                        frame = frames[-1]
+                    kind = action.__class__
+                    if kind in OUTPUT_TYPES or kind is _Wait:   # the usual cases first
+                        break
+                    if action is DONE:                  # the activity ends; its caller goes on
+                        frames.pop()
+                        if not frames:
+                            break
+                        sent = frame.result
+                        frame = frames[-1]
+                    else:                               # a sub-activity starts
+                        # Why not cast/isinstance: this runs several times per output; what
+                        # is neither an output, a wait nor DONE is a frame (`Action`).
+                        frame = action  # type: ignore[assignment]
+                        frames.append(frame)
+                        sent = None
             except BaseException as error:      # P16: the loop cannot go on
                 self._stop(error)
                 if isinstance(error, EXITS):
                     raise               # P16: the core has stopped; the exit goes on
                 continue
-            if isinstance(yielded, _Wait):
-                self._wait = yielded.ids
+            if kind is _Wait:
+                self._wait = action.ids  # type: ignore[union-attr]  # Why: as above, no cast
+            elif action is DONE:                # the loop has ended
+                continue
             elif out:
-                out.append(yielded)
+                out.append(action)  # type: ignore[arg-type]  # only an output is left
             else:
-                return yielded
+                return action  # type: ignore[return-value]  # only an output is left
+
+    def _unwind(self, error: Exception) -> Action:
+        """A phase raised *error*: the frames above the nearest one with an armed handler are
+        dropped, and the handler (disarmed first) says what happens next. With none, the
+        error goes on (P16: the core stops)."""
+        frames = self._frames
+        while frames:
+            frame = frames[-1]
+            handler = frame.handler
+            if handler is not None:
+                frame.handler = None
+                try:
+                    return handler(self, frame, error)
+                except Exception as again:
+                    error = again
+            frames.pop()
+        raise error
 
     def drain_outputs(self) -> list[Output]:
         """Pull every output available now (no observers act in between)."""
@@ -210,11 +252,6 @@ class Outputs(CoreState):
             data = FrozenDict._adopt(data)
         return Durable(self.log.commit(type_, data, surface_op=APPEND if surface else None,
                                        source_event_seqs=sources))
-
-    def _await(self, effect_id: int) -> Generator[Output | _Wait, _Mail | None, _Mail]:
-        mail = yield _Wait(frozenset((effect_id,)))
-        assert mail is not None
-        return mail
 
     def _check_signal(self) -> None:
         ctrl = self._ctrl

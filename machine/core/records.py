@@ -2,7 +2,7 @@
 cancel scope and its pending reports (P7), effects, failures (R15), step outcomes."""
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
 
@@ -86,11 +86,23 @@ class _Controller:
         return self.reason is not None
 
 
-@dataclass(frozen=True, slots=True)
 class _Wait:
-    """Yielded by the loop: suspend until a completion of one of *ids* is available."""
+    """Given by a phase of the loop: suspend until a completion of one of *ids* is available.
+    (Never changed once made; a plain class because the loop makes one per wait.)"""
 
-    ids: frozenset[int]
+    __slots__ = ("ids",)
+
+    def __init__(self, ids: frozenset[int]) -> None:
+        self.ids = ids
+
+    def __repr__(self) -> str:
+        return f"_Wait(ids={set(self.ids)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Wait and other.ids == self.ids
+
+    def __hash__(self) -> int:
+        return hash(self.ids)
 
 
 @dataclass(slots=True)
@@ -184,7 +196,42 @@ class _StepOutcome:
 _Mail: TypeAlias = tuple[int, str, Any]
 
 
-_Proc: TypeAlias = Generator["Output | _Wait", "_Mail | None", Any]
+#: What a phase of the loop does next (see `Frame`): hand out an output, wait for a
+#: completion, start a sub-activity (its frame), or end its activity (`DONE`).
+Action: TypeAlias = "Output | _Wait | Frame | _Done"
+
+#: A phase of an activity: called with the core, the activity's frame and what the phase
+#: receives (the completion waited for, a finished sub-activity's result, or None).
+Phase: TypeAlias = Callable[[Any, Any, Any], Action]
+
+
+class _Done:
+    """The action of a phase that ends its activity; the frame's ``result`` is its value."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "DONE"
+
+
+DONE: Final = _Done()
+
+
+@dataclass(slots=True, kw_only=True)
+class Frame:
+    """One activity of the loop in progress (R4.10), as data: where it is (``phase``, the
+    function that runs when the loop next advances it), its locals (the subclass's fields),
+    its result once done, and the handler of the failures it catches while one is armed.
+
+    The loop is a stack of frames in `CoreState` (``_frames``): the top frame runs; a frame a
+    phase returns is pushed and starts; `DONE` pops the top frame and hands its result to
+    the frame below. A failure raised by a phase unwinds the stack to the nearest frame with
+    a ``handler``, which is disarmed and called with the failure (R8.6). Nothing else holds
+    the loop's position, so a frame stack copies and compares as data (R4.12)."""
+
+    phase: Phase
+    result: Any = None
+    handler: Phase | None = None
 
 
 _Queued: TypeAlias = "Output | _DiscardSlot | _CancelRequested | _AbortNotice"

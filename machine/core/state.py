@@ -60,7 +60,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from machine.core.config import CoreConfig
-from machine.core.records import COMPLETED, _Controller, _EffectRecord, _Mail, _Proc, _Queued, _Retro
+from machine.core.records import COMPLETED, Frame, _Controller, _EffectRecord, _Mail, _Queued, _Retro
 from machine.io import Effect
 from machine.jsonvalue import FrozenDict
 from machine.log import SessionLog
@@ -92,7 +92,7 @@ class CoreState:
         # Outputs, effects and mail (P1-P8).
         self._out: deque[_Queued] = deque()
         self._retro: _Retro | None = None
-        self._proc: _Proc | None = None
+        self._frames: list[Frame] = []    # the loop: its activities in progress (R4.10)
         self._wait: frozenset[int] | None = None
         self._effects: dict[int, _EffectRecord] = {}
         self._done_effects: set[int] = set()
@@ -211,15 +211,15 @@ class CoreState:
             problems.append(f"(3) a wake effect is {state} while the lifecycle is {phase!r}")
         if self._pending_retry and phase not in RETRY_STATES:
             problems.append(f"(4) a retry is pending while the lifecycle is {phase!r}")
-        if self.lifecycle.busy and self._proc is None:
+        if self.lifecycle.busy and not self._frames:
             problems.append(f"(5) the lifecycle is {phase!r} with no loop to run")
-        if self._wait is not None and self._proc is None:
+        if self._wait is not None and not self._frames:
             problems.append("(5) the loop waits but does not exist")
         if self._disposed and not (self._disposing and phase == "idle" and not len(self.inbox)
                                    and not len(self.outbox)):
             problems.append("(6) torn down, but not disposing, not idle, or holding input")
         if self._failure is not None and (
-                self._proc is not None or self._wake_effect is not None or owner is not None
+                self._frames or self._wake_effect is not None or owner is not None
                 or self._pending_retry or self._effects):
             problems.append("(7) the core stopped but still waits for something")
         return problems

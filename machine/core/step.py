@@ -2,15 +2,19 @@
 stream folded into content blocks, the assistant message, the tool batch, the step's end."""
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import Any, TypeAlias
+from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from machine import decisions
 from machine import events as ev
 from machine.core.config import _unset
 from machine.core.records import (
     DEFAULT_ABORT_FAILURE,
+    DONE,
     NO_ROUTE_MESSAGE,
+    Action,
+    Frame,
+    Phase,
     _Aborted,
     _Failure,
     _Mail,
@@ -32,7 +36,6 @@ from machine.io import (
     STEP_HOOK,
     SYSTEM_PROMPT,
     EffectKind,
-    Output,
 )
 from machine.jsonvalue import (
     Frozen,
@@ -129,124 +132,223 @@ def _folded_blocks(content: list[_Folded]) -> list[FrozenDict]:
             else item for item in content]  # type: ignore[misc]
 
 
+@dataclass(slots=True, kw_only=True)
+class StepFrame(Frame):
+    """One step in progress (R9): its turn, step and signal, the system prompt and request
+    header it prepared, the model stream and what it folded so far (P12), and the outcome."""
+
+    turn: int
+    step: int
+    signal: int
+    hook: int = -1                    # the hook effect waited for, and the phase after it
+    then: Phase | None = None
+    system: Frozen = None
+    history_end: int = 0
+    header: FrozenDict | None = None
+    model: int = -1
+    awaiting: _Wait | None = None
+    folded: list[_Folded] = field(default_factory=list)
+    open_kind: str | None = None      # P12: the run of text or reasoning chunks being folded
+    chunk_seqs: list[int] = field(default_factory=list)
+    chunk: FrozenDict | None = None   # the chunk just appended, folded when the loop goes on
+    finish: FrozenDict | None = None
+    usage: Frozen = None              # R9.8: the last usage chunk's figures
+    failure: _Failure | None = None   # raised once its release notice is out
+    calls: list[FrozenDict] = field(default_factory=list)   # R9.9: the message's tool calls
+    concluded: bool = False
+    took_steering: bool = False
+    max_tokens: bool = False
+
+
+@dataclass(slots=True, kw_only=True)
+class RequestFailedFrame(Frame):
+    """R13.2: a failed model request: step/end, recovery, classification."""
+
+    error: ErrorInfo
+    facts: LlmFailure
+    effect: int = -1
+    failure_json: FrozenDict | None = None
+
+
 class Step(ToolBatch):
     """One step of a turn (R9)."""
 
-    def _hook(self, kind: EffectKind, payload: FrozenDict) -> Generator[Output | _Wait, _Mail | None, Any]:
-        """Request an effect, wait, and raise its failure as a generic failure."""
+    def _hook(self, frame: StepFrame, kind: EffectKind, payload: FrozenDict,
+              then: Phase) -> Action:
+        """Request an effect, wait, and go on with *then* given its value; a failure of the
+        effect fails the turn (R15)."""
         effect = self._new_effect(kind, payload)
-        yield effect
-        _, mail_kind, value = yield from self._await(effect.id)
+        frame.hook, frame.then = effect.id, then
+        frame.phase = Step._hook_wait
+        return effect
+
+    def _hook_wait(self, frame: StepFrame, _sent: object) -> Action:
+        frame.phase = Step._hook_answered
+        return _Wait(frozenset((frame.hook,)))
+
+    def _hook_answered(self, frame: StepFrame, mail: _Mail) -> Action:
+        _, mail_kind, value = mail
         if mail_kind == "raise":
             assert isinstance(value, ErrorInfo)
             raise _Failure(value)
-        return value
+        then = frame.then
+        assert then is not None
+        frame.phase, frame.then = then, None
+        return then(self, frame, value)
 
-    def _one_step(self) -> Generator[Output | _Wait, _Mail | None, _StepOutcome]:
+    def _one_step(self) -> StepFrame:
         """R9: one step."""
-        turn, step, signal = self._turn, self._step, self._signal()
-        yield from self._hook(STEP_HOOK, FrozenDict({"turn": turn, "step": step,
-                                                     "signal": signal}))   # R9.1
+        return StepFrame(phase=Step._step_begin, turn=self._turn, step=self._step,
+                         signal=self._signal())
+
+    def _step_begin(self, frame: StepFrame, _sent: object) -> Action:
+        return self._hook(frame, STEP_HOOK, FrozenDict._adopt({
+            "turn": frame.turn, "step": frame.step, "signal": frame.signal}),
+            Step._step_hooked)                                    # R9.1
+
+    def _step_hooked(self, frame: StepFrame, _sent: object) -> Action:
         self._check_signal()
-        yield from self._drain()                                  # R9.2
+        return self._drain(frame, Step._step_assemble)            # R9.2
+
+    def _step_assemble(self, frame: StepFrame, _sent: object) -> Action:
         self.lifecycle.fire("assemble")
-        system = yield from self._hook(SYSTEM_PROMPT, FrozenDict({
-            "turn": turn, "step": step, "signal": signal}))        # R9.3
+        return self._hook(frame, SYSTEM_PROMPT, FrozenDict._adopt({
+            "turn": frame.turn, "step": frame.step, "signal": frame.signal}),
+            Step._step_system)                                    # R9.3
+
+    def _step_system(self, frame: StepFrame, system: JsonLike) -> Action:
         try:
-            frozen_system = freeze(system, "system")
+            frame.system = freeze(system, "system")
         except ValidationError as bad_system:
             raise _Failure(ErrorInfo(str(bad_system), "InvalidSystemPromptError", "INVALID_SYSTEM_PROMPT"),
                            code="INVALID_SYSTEM_PROMPT") from None
         self._check_signal()
         self.lifecycle.fire("request")
-        history_end = len(self.log)                               # R9.4
-        yield self._commit(ev.STEP_START, {"turn": turn, "step": step})   # R9.5
+        frame.history_end = len(self.log)                         # R9.4
+        frame.phase = Step._step_started
+        return self._commit(ev.STEP_START, {"turn": frame.turn, "step": frame.step})   # R9.5
+
+    def _step_started(self, frame: StepFrame, _sent: object) -> Action:
         self._check_signal()
         seed = self.config.request_options if not self._header_logged else (
             self.log.last_header or FrozenDict()).get("config", FrozenDict())
-        raw_header = yield from self._hook(REQUEST, FrozenDict({
-            "turn": turn, "step": step, "signal": signal, "config": seed,
-            "system": frozen_system}))                             # R9.6
+        return self._hook(frame, REQUEST, FrozenDict({
+            "turn": frame.turn, "step": frame.step, "signal": frame.signal, "config": seed,
+            "system": frame.system}), Step._step_header)          # R9.6
+
+    def _step_header(self, frame: StepFrame, raw_header: JsonLike) -> Action:
         self._check_signal()
-        header = self._validate_header(raw_header)
+        header = frame.header = self._validate_header(raw_header)
         header_reason = decisions.header_reason(
             self._header_logged, self.log.has_header,
             # Why: same_json compares as canonical JSON text would, without encoding twice.
             self._header_logged and not same_json(header, self.log.last_header))
         self._header_logged = True
         if header_reason is not None:
-            yield self._commit(ev.REQUEST_HEADER, {"header": header, "reason": header_reason})
+            frame.phase = Step._step_stream
+            return self._commit(ev.REQUEST_HEADER, {"header": header, "reason": header_reason})
+        return Step._step_stream(self, frame, None)
+
+    def _step_stream(self, frame: StepFrame, _sent: object) -> Action:
         self.lifecycle.fire("stream")                             # R9.7
-        config = header["config"]
-        assert isinstance(config, FrozenDict)
-        model = self._new_effect(MODEL, FrozenDict({
-            "turn": turn, "step": step, "signal": signal, "header": header,
-            "historyEnd": history_end}), self.log.history(history_end))
-        yield model
-        folded: list[_Folded] = []
-        open_kind: str | None = None      # P12: the run of text or reasoning chunks being folded
-        chunk_seqs: list[int] = []
-        finish: FrozenDict | None = None
-        usage: Frozen = None              # R9.8: the last usage chunk's figures
-        # Why one _Wait for the whole stream (what `_await` yields, without a generator per
-        # chunk): the loop below runs once per chunk.
-        awaiting = _Wait(frozenset((model.id,)))
-        while True:
-            mail = yield awaiting
-            assert mail is not None
-            _, kind, value = mail
-            if kind == "raise":
-                assert isinstance(value, ErrorInfo)
-                if value.failure is None:                         # not a model failure
-                    raise _Failure(value)
-                return (yield from self._request_failed(value, value.failure))
-            if kind == "end":
-                if finish is None:
-                    raise _Failure(ErrorInfo("model stream ended without a finish chunk",
-                                             "InvalidChunkError", "INVALID_CHUNK"))
-                break
-            if self._ctrl is not None and self._ctrl.aborted:    # R9.7.1
-                release = self._release(model.id)
-                if release is not None:
-                    yield release
-                raise _Aborted()
-            problem: str | None = None
-            chunk: FrozenDict | None = None
-            if finish is not None:
-                problem = "a chunk arrived after the finish chunk"
-            else:
-                try:
-                    chunk = validate_chunk(value)
-                    problem = _chunk_content_problem(chunk)
-                except ValidationError as error:
-                    problem = f"invalid chunk: {error}"
-            if problem is not None or chunk is None:              # R9.7 / D5
-                release = self._release(model.id)
-                if release is not None:
-                    yield release
-                raise _Failure(ErrorInfo(problem or "invalid chunk", "InvalidChunkError",
-                                         "INVALID_CHUNK"))
-            durable = self._commit(ev.ASSISTANT_CHUNK, {"turn": turn, "step": step, "chunk": chunk})
-            chunk_seqs.append(durable.event.seq)
-            yield durable
+        model = self._new_effect(MODEL, FrozenDict._adopt({
+            "turn": frame.turn, "step": frame.step, "signal": frame.signal,
+            "header": frame.header, "historyEnd": frame.history_end}),
+            self.log.history(frame.history_end))
+        frame.model = model.id
+        # Why one _Wait for the whole stream (what a hook waits with, without one per chunk):
+        # the phases below run once per chunk.
+        frame.awaiting = _Wait(frozenset((model.id,)))
+        frame.phase = Step._step_stream_wait
+        return model
+
+    def _step_stream_wait(self, frame: StepFrame, _sent: object) -> Action:
+        chunk = frame.chunk
+        if chunk is not None:                                     # the chunk just appended
+            frame.chunk = None
             chunk_type = chunk["type"]
             if chunk_type == "finish":
-                finish = chunk
+                frame.finish = chunk
             elif chunk_type == "usage":
-                usage = chunk["usage"]
+                frame.usage = chunk["usage"]
             else:
-                open_kind = _fold(folded, chunk, open_kind)
+                frame.open_kind = _fold(frame.folded, chunk, frame.open_kind)
+        frame.phase = Step._step_stream_mail
+        assert frame.awaiting is not None
+        return frame.awaiting
+
+    def _step_stream_mail(self, frame: StepFrame, mail: _Mail) -> Action:
+        _, kind, value = mail
+        if kind == "raise":
+            assert isinstance(value, ErrorInfo)
+            if value.failure is None:                             # not a model failure
+                raise _Failure(value)
+            frame.phase = Step._step_request_failed
+            return self._request_failed(value, value.failure)
+        if kind == "end":
+            if frame.finish is None:
+                raise _Failure(ErrorInfo("model stream ended without a finish chunk",
+                                         "InvalidChunkError", "INVALID_CHUNK"))
+            return Step._step_streamed(self, frame, None)
+        if self._ctrl is not None and self._ctrl.aborted:        # R9.7.1
+            release = self._release(frame.model)
+            if release is not None:
+                frame.phase = Step._step_raise
+                return release
+            raise _Aborted()
+        problem: str | None = None
+        chunk: FrozenDict | None = None
+        if frame.finish is not None:
+            problem = "a chunk arrived after the finish chunk"
+        else:
+            try:
+                chunk = validate_chunk(value)
+                problem = _chunk_content_problem(chunk)
+            except ValidationError as error:
+                problem = f"invalid chunk: {error}"
+        if problem is not None or chunk is None:                  # R9.7 / D5
+            failure = _Failure(ErrorInfo(problem or "invalid chunk", "InvalidChunkError",
+                                         "INVALID_CHUNK"))
+            release = self._release(frame.model)
+            if release is not None:
+                frame.failure = failure
+                frame.phase = Step._step_raise
+                return release
+            raise failure
+        durable = self._commit(ev.ASSISTANT_CHUNK, {"turn": frame.turn, "step": frame.step,
+                                                    "chunk": chunk})
+        frame.chunk_seqs.append(durable.event.seq)
+        frame.chunk = chunk
+        frame.phase = Step._step_stream_wait
+        return durable
+
+    def _step_raise(self, frame: StepFrame, _sent: object) -> Action:
+        """The stream was released (P5): the step fails, aborted or with its failure."""
+        if frame.failure is not None:
+            raise frame.failure
+        raise _Aborted()
+
+    def _step_request_failed(self, frame: StepFrame, outcome: _StepOutcome) -> Action:
+        frame.result = outcome
+        return DONE
+
+    def _step_streamed(self, frame: StepFrame, _sent: object) -> Action:
+        finish = frame.finish
+        assert finish is not None and frame.header is not None
         finish_kind = finish["kind"]
         if finish_kind in ("error", "aborted"):                   # R9.7 request failure
             raw_failure = finish.get("failure")
             facts = (LlmFailure.from_json(raw_failure) if raw_failure is not None
                      else DEFAULT_ABORT_FAILURE)
-            return (yield from self._request_failed(
-                ErrorInfo(facts.message, "ModelRequestError", facts.code, failure=facts), facts))
-        max_tokens = finish_kind == "max-tokens"
-        blocks = _folded_blocks(folded)
+            frame.phase = Step._step_request_failed
+            return self._request_failed(
+                ErrorInfo(facts.message, "ModelRequestError", facts.code, failure=facts), facts)
+        max_tokens = frame.max_tokens = finish_kind == "max-tokens"
+        blocks = _folded_blocks(frame.folded)
         if max_tokens:                                            # R14.1
             blocks = [b for b in blocks if b.get("type") != "tool-call"]
+        config = frame.header["config"]
+        assert isinstance(config, FrozenDict)
         provider, model_name = config["provider"], config["model"]
         seq = len(self.log)
         source: dict[str, Frozen] = {"kind": "model", "provider": provider, "model": model_name}
@@ -254,21 +356,40 @@ class Step(ToolBatch):
             source["replayState"] = finish["replayState"]
         message = Message(id=minted_id(self._mint, "assistant", seq), role="assistant",
                           content=FrozenList(blocks), source=FrozenDict(source))
-        data: dict[str, Frozen] = {"turn": turn, "step": step, "message": frozen_message(message)}
-        if usage is not None:
-            data["usage"] = usage
-        yield self._commit(ev.ASSISTANT_MESSAGE, data, surface=True, sources=chunk_seqs)  # R9.8
-        calls = [b for b in message.content if isinstance(b, FrozenDict)
-                 and b.get("type") == "tool-call"]
-        concluded = False
+        data: dict[str, Frozen] = {"turn": frame.turn, "step": frame.step,
+                                   "message": frozen_message(message)}
+        if frame.usage is not None:
+            data["usage"] = frame.usage
+        durable = self._commit(ev.ASSISTANT_MESSAGE, data, surface=True,
+                               sources=frame.chunk_seqs)           # R9.8
+        frame.folded = []
+        frame.calls = [b for b in message.content if isinstance(b, FrozenDict)
+                       and b.get("type") == "tool-call"]
+        frame.phase = Step._step_tools
+        return durable
+
+    def _step_tools(self, frame: StepFrame, _sent: object) -> Action:
+        calls = frame.calls
         if calls:                                                 # R9.9
             self.lifecycle.fire("run_tools")
-            concluded = yield from self._tool_batch(calls)
+            frame.phase = Step._step_tools_done
+            return self._tool_batch(calls)
+        return Step._step_tools_done(self, frame, False)
+
+    def _step_tools_done(self, frame: StepFrame, concluded: bool) -> Action:
+        frame.concluded = concluded
         self.lifecycle.fire("end_step")
-        took_steering = yield from self._drain()                  # R9.10
-        yield self._commit(ev.STEP_END, {"turn": turn, "step": step})
-        return _StepOutcome(had_calls=bool(calls), took_steering=took_steering,
-                            concluded=concluded, max_tokens=max_tokens)
+        return self._drain(frame, Step._step_drained)             # R9.10
+
+    def _step_drained(self, frame: StepFrame, took_steering: bool) -> Action:
+        frame.took_steering = took_steering
+        frame.phase = Step._step_ended
+        return self._commit(ev.STEP_END, {"turn": frame.turn, "step": frame.step})
+
+    def _step_ended(self, frame: StepFrame, _sent: object) -> Action:
+        frame.result = _StepOutcome(had_calls=bool(frame.calls), took_steering=frame.took_steering,
+                                    concluded=frame.concluded, max_tokens=frame.max_tokens)
+        return DONE
 
     def _validate_header(self, value: JsonLike) -> FrozenDict:
         """R9.6: the prepared header {config, system?, tools?}; config names provider and model."""
@@ -298,26 +419,51 @@ class Step(ToolBatch):
         assert isinstance(header, FrozenDict)
         return header
 
-    def _request_failed(self, error: ErrorInfo,
-                        facts: LlmFailure) -> Generator[Output | _Wait, _Mail | None, _StepOutcome]:
+    def _request_failed(self, error: ErrorInfo, facts: LlmFailure) -> RequestFailedFrame:
         """R13.2: step/end, recovery, classification."""
+        return RequestFailedFrame(phase=Step._request_failed_begin, error=error, facts=facts)
+
+    def _request_failed_begin(self, frame: RequestFailedFrame, _sent: object) -> Action:
         self.lifecycle.fire("request_failed")
-        yield self._commit(ev.STEP_END, {"turn": self._turn, "step": self._step})
+        frame.phase = Step._request_failed_recover
+        return self._commit(ev.STEP_END, {"turn": self._turn, "step": self._step})
+
+    def _request_failed_recover(self, frame: RequestFailedFrame, _sent: object) -> Action:
         ctrl = self._ctrl
         assert ctrl is not None
-        failure_json = frozen_json(facts)
+        frame.failure_json = frozen_json(frame.facts)
         if not ctrl.aborted:
             recovery = self._new_effect(REQUEST_ERROR, FrozenDict({
                 "turn": self._turn, "step": self._step, "signal": ctrl.signal,
-                "error": frozen_json(error), "failure": failure_json,
+                "error": frozen_json(frame.error), "failure": frame.failure_json,
                 "priorFailures": FrozenList(self._prior_failures)}))
-            yield recovery
-            _, kind, value = yield from self._await(recovery.id)
-            if kind == "raise":
-                assert isinstance(value, ErrorInfo)
-                yield self._warn(f"request recovery failed: {value.rendered()}")
-            elif _is_retry(value) and not ctrl.aborted:
-                self._pending_retry = True
-        self._prior_failures = [*self._prior_failures, failure_json]
-        yield from self._classify(_Failure(error, request_failure=facts))
-        return _StepOutcome(request_failed=True)
+            frame.effect = recovery.id
+            frame.phase = Step._request_failed_wait
+            return recovery
+        return Step._request_failed_classify(self, frame, None)
+
+    def _request_failed_wait(self, frame: RequestFailedFrame, _sent: object) -> Action:
+        frame.phase = Step._request_failed_answered
+        return _Wait(frozenset((frame.effect,)))
+
+    def _request_failed_answered(self, frame: RequestFailedFrame, mail: _Mail) -> Action:
+        _, kind, value = mail
+        if kind == "raise":
+            assert isinstance(value, ErrorInfo)
+            frame.phase = Step._request_failed_classify
+            return self._warn(f"request recovery failed: {value.rendered()}")
+        ctrl = self._ctrl
+        assert ctrl is not None
+        if _is_retry(value) and not ctrl.aborted:
+            self._pending_retry = True
+        return Step._request_failed_classify(self, frame, None)
+
+    def _request_failed_classify(self, frame: RequestFailedFrame, _sent: object) -> Action:
+        assert frame.failure_json is not None
+        self._prior_failures = [*self._prior_failures, frame.failure_json]
+        frame.phase = Step._request_failed_done
+        return self._classify(_Failure(frame.error, request_failure=frame.facts))
+
+    def _request_failed_done(self, frame: RequestFailedFrame, _sent: object) -> Action:
+        frame.result = _StepOutcome(request_failed=True)
+        return DONE

@@ -54,6 +54,12 @@ class Inbox:
         self._items: deque[tuple[Message, bool]] = deque()
         self._waking = 0
 
+    def copy(self) -> Inbox:
+        """An independent inbox in the same state with the same items (R4.12). O(items)."""
+        copied = Inbox.__new__(Inbox)
+        copied.state, copied._items, copied._waking = self.state, self._items.copy(), self._waking
+        return copied
+
     def enqueue(self, message: Message, wakeup: bool) -> None:
         self.state = step(TABLE, NAME, self.state, "enqueue_waking" if wakeup else "enqueue_quiet")
         self._items.append((message, wakeup))

@@ -73,6 +73,12 @@ class Lifecycle:
     def __init__(self) -> None:
         self.state: str = INITIAL
 
+    def copy(self) -> Lifecycle:
+        """An independent lifecycle in the same state (R4.12)."""
+        copied = Lifecycle.__new__(Lifecycle)
+        copied.state = self.state
+        return copied
+
     def fire(self, trigger: Trigger) -> None:
         self.state = step(TABLE, NAME, self.state, trigger)
 

@@ -57,6 +57,13 @@ class Outbox:
         self._items: deque[tuple[Message, bool]] = deque()
         self._steering = 0
 
+    def copy(self) -> Outbox:
+        """An independent outbox in the same state with the same items (R4.12). O(items)."""
+        copied = Outbox.__new__(Outbox)
+        copied.state, copied._items = self.state, self._items.copy()
+        copied._steering = self._steering
+        return copied
+
     def stage(self, message: Message, steering: bool) -> None:
         self.state = step(TABLE, NAME, self.state, "stage_steering" if steering else "stage_context")
         self._items.append((message, steering))

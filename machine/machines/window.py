@@ -44,6 +44,12 @@ class Window:
     def __init__(self) -> None:
         self.state: str = INITIAL
 
+    def copy(self) -> Window:
+        """An independent window in the same state (R4.12)."""
+        copied = Window.__new__(Window)
+        copied.state = self.state
+        return copied
+
     def fire(self, trigger: Trigger) -> None:
         self.state = step(TABLE, NAME, self.state, trigger)
 

@@ -1,0 +1,172 @@
+"""Snapshots of a core (rule R4.12): the whole state as a value, restored without replay.
+
+Everything a core's future depends on is an attribute of `CoreState` (R4), the loop's
+position included (its frames, R4.10), so a copy of those attributes is a copy of the
+core. `duplicate_state` makes one in O(state): immutable values (frozen JSON, messages,
+errors, outputs, frozen records, phases) are shared, mutable records (frames, batches,
+calls, controllers, cancel scopes, machines, queues) are copied once each, so objects that
+two parts of the state share stay shared in the copy. The session log is taken by
+position (`SessionLog.mark`, L15) and forked (`SessionLog.fork`) only when a core is made.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+from collections import deque
+from typing import TYPE_CHECKING, Any, Final
+
+from machine.log import LogMark, SessionLog
+from machine.machines import Inbox, Lifecycle, Outbox, Window
+
+if TYPE_CHECKING:
+    from machine.core.state import CoreState
+
+#: Attributes of a core that never change its future and are shared by its copies: its
+#: configuration, id minting and log (the log is forked separately).
+STATIC_ATTRIBUTES: Final = frozenset({"config", "_mint", "log"})
+
+_SCALARS: Final = frozenset({type(None), bool, int, float, str, bytes, tuple, frozenset,
+                             types.FunctionType, types.BuiltinFunctionType})
+#: Classes whose instances are never changed once made (decided once per class).
+_shared_classes: dict[type, bool] = {}
+#: The field names of each mutable dataclass copied (decided once per class).
+_fields_of: dict[type, tuple[str, ...]] = {}
+
+
+def _is_shared(kind: type) -> bool:
+    shared = _shared_classes.get(kind)
+    if shared is None:
+        params = getattr(kind, "__dataclass_params__", None)
+        shared = _shared_classes[kind] = (
+            kind in _SCALARS or issubclass(kind, BaseException)
+            # A frozen record of the core's own may hold mutable ones (a cancel notice holds
+            # its scope): copied. Frozen values of the vocabulary, io and events are shared.
+            or (params is not None and params.frozen and not kind.__module__.startswith(
+                "machine.core"))
+            or kind.__module__ == "machine.jsonvalue"        # FrozenDict, FrozenList
+            or kind.__name__ in ("_Wait", "_Done", "_Prefix"))
+    return shared
+
+
+def duplicate(value: Any, memo: dict[int, Any]) -> Any:
+    """A copy of *value* that shares what is immutable and copies each mutable object once
+    (*memo*, by identity). `TypeError` for a kind of object the core does not hold, so that
+    a new kind of state cannot be shared by accident."""
+    kind = value.__class__
+    if kind in _SCALARS or _is_shared(kind):
+        return value
+    found = memo.get(id(value))
+    if found is not None:
+        return found
+    copied: Any
+    if kind is list:
+        copied = memo[id(value)] = [duplicate(item, memo) for item in value]
+    elif kind is dict:
+        copied = memo[id(value)] = {key: duplicate(item, memo) for key, item in value.items()}
+    elif kind is deque:
+        copied = memo[id(value)] = deque(duplicate(item, memo) for item in value)
+    elif kind is set:
+        copied = memo[id(value)] = set(value)    # sets hold ids and names only
+    elif kind in (Inbox, Outbox, Window, Lifecycle):
+        copied = memo[id(value)] = value.copy()
+    elif dataclasses.is_dataclass(value):
+        names = _fields_of.get(kind)
+        if names is None:
+            names = _fields_of[kind] = tuple(f.name for f in dataclasses.fields(kind))
+        copied = memo[id(value)] = object.__new__(kind)
+        for name in names:
+            object.__setattr__(copied, name, duplicate(getattr(value, name), memo))
+    else:
+        raise TypeError(f"a core holds no {kind.__qualname__}: cannot copy it")
+    return copied
+
+
+def duplicate_state(source: CoreState, target: CoreState, log: SessionLog) -> None:
+    """Give *target* (a bare instance, not initialised) a copy of *source*'s state over
+    *log*."""
+    memo: dict[int, Any] = {}
+    attributes = vars(target)
+    for name, value in vars(source).items():
+        attributes[name] = value if name in STATIC_ATTRIBUTES else duplicate(value, memo)
+    attributes["log"] = log
+
+
+_ADDRESS: Final = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def canonical(value: Any, ids: dict[str, str] | None, depth: int = 0) -> object:
+    """A value built of tuples, strings and numbers that is equal for two states exactly
+    when they are equal as data. With *ids*, every message id met is renamed to its order of
+    first appearance (symmetry: messages are told apart only by identity)."""
+    kind = value.__class__
+    if value is None or kind in (bool, int, float, str):
+        return value
+    if depth > 60:
+        return _ADDRESS.sub("", repr(value))
+    if kind in (list, tuple, deque):
+        return (kind.__name__, tuple(canonical(item, ids, depth + 1) for item in value))
+    if kind in (set, frozenset):
+        return (kind.__name__, tuple(sorted(repr(canonical(item, ids, depth + 1))
+                                            for item in value)))
+    if kind is dict:
+        return ("dict", tuple((repr(key), canonical(item, ids, depth + 1))
+                              for key, item in value.items()))
+    if kind in (Inbox, Outbox, Window, Lifecycle):
+        return (kind.__name__, tuple((name, canonical(getattr(value, name), ids, depth + 1))
+                                     for name in kind.__slots__))
+    if isinstance(value, (types.FunctionType, types.MethodType)):
+        return value.__qualname__                       # a phase, by name
+    if ids is not None and kind.__name__ == "Message":
+        renamed = ids.setdefault(value.id, f"#{len(ids)}")
+        return ("Message", renamed, canonical(dataclasses.replace(value, id="#"), None, depth + 1))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (kind.__name__, tuple((field.name, canonical(getattr(value, field.name), ids,
+                                                            depth + 1))
+                                     for field in dataclasses.fields(value)))
+    if isinstance(value, BaseException):
+        return (kind.__name__, repr(value.args), tuple(
+            (name, canonical(item, ids, depth + 1))
+            for name, item in sorted(vars(value).items())))
+    text = _ADDRESS.sub("", repr(value))
+    if ids is not None:                                 # message mappings in frozen JSON
+        text = _rename_in_text(text, ids)
+    return text
+
+
+_QUOTED_ID: Final = re.compile(r"'id': '((?:[^'\\]|\\.)*)'")
+
+
+def _rename_in_text(text: str, ids: dict[str, str]) -> str:
+    def rename(match: re.Match[str]) -> str:
+        return f"'id': '{ids.setdefault(match.group(1), f'#{len(ids)}')}'"
+    return _QUOTED_ID.sub(rename, text)
+
+
+def state_parts(state: CoreState, ids: dict[str, str] | None = None) -> tuple[object, ...]:
+    """Everything the future of *state* depends on, but its log, canonical (`canonical`;
+    with *ids*, message ids renamed)."""
+    return tuple((name, canonical(value, ids)) for name, value in sorted(vars(state).items())
+                 if name not in STATIC_ATTRIBUTES)
+
+
+def log_parts(log: SessionLog, mark: LogMark,
+              ids: dict[str, str] | None = None) -> tuple[object, ...]:
+    """The events of *log* up to *mark*, as what a future depends on: types, data, surface
+    operations and sources (not their times, which the clock decides); with *ids*, the ids
+    in their data renamed as `canonical` renames them."""
+    events = log.events[:mark.length]
+    if ids is None:
+        return tuple((event.type, log.data_json(event.seq), repr(event.surface_op),
+                      repr(event.source_event_seqs)) for event in events)
+    return tuple((event.type, _rename_in_json(log.data_json(event.seq), ids),
+                  repr(event.surface_op), repr(event.source_event_seqs)) for event in events)
+
+
+_JSON_ID: Final = re.compile(r'"id":"((?:[^"\\]|\\.)*)"')
+
+
+def _rename_in_json(text: str, ids: dict[str, str]) -> str:
+    def rename(match: re.Match[str]) -> str:
+        return f'"id":"{ids.setdefault(match.group(1), f"#{len(ids)}")}"'
+    return _JSON_ID.sub(rename, text)

@@ -1,0 +1,236 @@
+"""Snapshots of a core (specs/core.md R4.12, `AgentCore.snapshot`/`restore`/`copy`) and the
+log's marks and forks they rest on (specs/log.md L15)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from machine.conformance.checker import run_vector
+from machine.conformance.subjects import LocalSubject
+from machine.conformance.vectors import find_vectors, load_vector
+from machine.core import AgentCore, CoreConfig, CoreSnapshot
+from machine.io import Durable, Effect, Output, Resolve, Send
+from machine.jsonvalue import JsonLike
+from machine.log import SessionLog
+from machine.vocabulary import FOLLOWUP
+
+CORPUS = Path(__file__).resolve().parent.parent / "specs" / "conformance" / "vectors"
+
+
+def _msg(message_id: str, text: str = "hi") -> dict[str, JsonLike]:
+    return {"id": message_id, "role": "user", "content": [{"type": "text", "text": text}],
+            "source": {"kind": "user"}}
+
+
+# ---------------------------------------------------------------------------
+# R4.12: a restored core has the future of the core it was taken from
+# ---------------------------------------------------------------------------
+
+
+class RestoringSubject(LocalSubject):
+    """The core in process, replaced after every input and every output by a core restored
+    from its snapshot (or by its copy, on alternate positions): a vector passes only if every
+    restored core's future is the original's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.restored = 0
+
+    def _swap(self) -> None:
+        before = self.core
+        snapshot = before.snapshot()
+        if self.restored % 2:
+            self.core = before.copy()
+        else:
+            self.core = AgentCore.restore(snapshot)
+        assert self.core.snapshot() == snapshot, "a restored core equals its snapshot"
+        assert self.core.log is not before.log and len(self.core.log) == len(before.log)
+        self.restored += 1
+
+    def feed(self, value: dict[str, Any]) -> tuple[str, str] | None:
+        refused = super().feed(value)
+        self._swap()
+        return refused
+
+    def pull(self, count: int) -> list[dict[str, Any] | None]:
+        outputs: list[dict[str, Any] | None] = []
+        for _ in range(count):
+            output = super().pull(1)
+            outputs += output
+            self._swap()
+            if output[0] is None:
+                break
+        return outputs
+
+
+def test_R4_12_a_core_restored_at_every_position_of_every_vector_continues_identically() -> None:
+    subject = RestoringSubject()
+    vectors = [load_vector(path) for path in find_vectors([CORPUS])]
+    for vector in vectors:
+        outcome = run_vector(vector, subject)
+        assert outcome.status == "passed", (vector.id, outcome)
+    assert len(vectors) > 200 and subject.restored > 10_000
+
+
+def _mid_turn() -> tuple[AgentCore, Effect]:
+    """A core inside a turn, waiting for its step hook, with a prompt queued behind."""
+    core = AgentCore(CoreConfig(request_options={"provider": "p", "model": "m"}, publish=False))
+    core.followup(_msg("a"))
+    while True:
+        for output in core.drain_outputs():
+            if isinstance(output, Effect):
+                if output.kind == "step":
+                    core.followup(_msg("b"))
+                    return core, output
+                core.resolve(output.id, {"kind": "allow"} if output.kind == "prompt-submit"
+                             else None)
+
+
+def _script(core: AgentCore, effect: Effect) -> list[object]:
+    """Drive *core* from its step hook to quiescence with fixed answers; what came out."""
+    seen: list[object] = []
+    core.resolve(effect.id, None)
+    for _ in range(200):
+        outputs = core.drain_outputs()
+        if not outputs and not core.outstanding():
+            break
+        for output in outputs:
+            seen.append(output.to_json(with_time=False) if isinstance(output, Durable)
+                        else output.to_json())
+        for pending in core.outstanding():
+            kind = pending.kind
+            if kind == "model":
+                core.chunk(pending.id, {"type": "text", "text": "ok"})
+                core.chunk(pending.id, {"type": "finish", "kind": "stop"})
+                core.end(pending.id)
+            elif kind == "prompt-submit":
+                core.resolve(pending.id, {"kind": "allow"})
+            elif kind == "request":
+                core.resolve(pending.id, {"config": {"provider": "p", "model": "m"}})
+            else:
+                core.resolve(pending.id, None)
+    return seen
+
+
+def test_R4_12_restore_is_independent_of_the_original_and_repeatable() -> None:
+    core, effect = _mid_turn()
+    snapshot = core.snapshot()
+    first = AgentCore.restore(snapshot)
+    expected = _script(core, effect)            # the original goes on, appending events
+    assert len(core.log) > snapshot.log_length
+    assert _script(first, effect) == expected   # unaffected by the original's appends
+    second = AgentCore.restore(snapshot)        # and the snapshot restores again
+    assert len(second.log) == snapshot.log_length
+    assert _script(second, effect) == expected
+    assert snapshot == AgentCore.restore(snapshot).snapshot()
+
+
+def test_R4_12_snapshots_compare_and_hash_by_value() -> None:
+    core, _ = _mid_turn()
+    a, b = core.snapshot(), core.copy().snapshot()
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    core.followup(_msg("c"))
+    c = core.snapshot()
+    assert c != a and c.pending_queued == a.pending_queued + 1
+    assert a != object() and isinstance(a, CoreSnapshot)
+
+
+def test_R4_12_the_symmetric_key_equates_states_that_differ_only_in_message_ids() -> None:
+    one, other = AgentCore(), AgentCore()
+    one.followup(_msg("m1"))
+    other.followup(_msg("zz-9"))
+    assert one.snapshot() != other.snapshot()
+    assert one.snapshot().key(symmetric=True) == other.snapshot().key(symmetric=True)
+    other.followup(_msg("m2", "another text"))
+    assert one.snapshot().key(symmetric=True) != other.snapshot().key(symmetric=True)
+
+
+def test_R4_12_restore_takes_only_a_snapshot() -> None:
+    with pytest.raises(TypeError, match="CoreSnapshot"):
+        AgentCore.restore(AgentCore())  # type: ignore[arg-type]
+
+
+def test_R4_12_a_snapshot_of_a_torn_down_core_restores_torn_down() -> None:
+    core = AgentCore()
+    core.followup(_msg("a"))
+    core.dispose()
+    while not core.disposed:
+        core.drain_outputs()
+        for effect in core.outstanding():
+            core.resolve(effect.id, None)
+    restored = AgentCore.restore(core.snapshot())
+    assert restored.disposed and restored.status == "idle"
+    with pytest.raises(Exception, match="dispos"):
+        restored.feed(Send(_msg("b"), FOLLOWUP, preset="followup"))
+
+
+def test_R4_12_copying_shares_immutable_values_and_copies_the_rest_once() -> None:
+    """O(state): queued messages are shared, not copied; mutable records are copied once,
+    so two parts of the state that share one record share its copy."""
+    core, _ = _mid_turn()
+    copy = core.copy()
+    assert copy.inbox is not core.inbox and copy.inbox._items[0][0] is core.inbox._items[0][0]
+    assert copy._owner is copy._ctrl and copy._ctrl is not core._ctrl
+    assert copy._frames[-1] is not core._frames[-1]
+
+
+def test_R4_12_the_log_is_not_part_of_what_a_snapshot_copies() -> None:
+    core, effect = _mid_turn()
+    core.resolve(effect.id, None)
+    outputs: list[Output] = core.drain_outputs()
+    assert outputs
+    snapshot = core.snapshot()
+    assert snapshot.log_length == len(core.log)
+    assert snapshot._log is core.log                 # by reference, up to its length
+
+
+# ---------------------------------------------------------------------------
+# L15: marks and forks of a session log
+# ---------------------------------------------------------------------------
+
+
+def test_L15_a_fork_at_a_mark_holds_the_events_and_checker_state_there() -> None:
+    log = SessionLog()
+    log.append("turn/start", {"turn": 1, "trigger": {"kind": "retry"}})
+    log.append("step/start", {"turn": 1, "step": 1})
+    mark = log.mark()
+    log.append("step/end", {"turn": 1, "step": 1})
+    log.append("turn/end", {"turn": 1, "reason": {"kind": "completed"}})
+    fork = log.fork(mark)
+    assert len(fork) == 2 and fork.open_turn == 1 and fork.open_step == 1
+    assert [e.type for e in fork] == ["turn/start", "step/start"]
+    fork.append("step/end", {"turn": 1, "step": 1})       # the fork goes on by itself
+    assert len(log) == 4 and len(fork) == 3
+    with pytest.raises(Exception, match="L4"):
+        log.fork().append("turn/end", {"turn": 1, "reason": {"kind": "completed"}})
+
+
+def test_L15_a_fork_has_no_observers_and_refuses_a_foreign_mark() -> None:
+    log = SessionLog()
+    seen: list[str] = []
+    log.subscribe(lambda event: seen.append(event.type))
+    fork = log.fork()
+    fork.append("turn/start", {"turn": 1, "trigger": {"kind": "retry"}})
+    assert seen == []
+    longer = SessionLog()
+    longer.append("turn/start", {"turn": 1, "trigger": {"kind": "retry"}})
+    with pytest.raises(ValueError, match="not a position"):
+        log.fork(longer.mark())
+    with pytest.raises(ValueError, match="not a position"):
+        log.fork("0")  # type: ignore[arg-type]
+
+
+def test_L15_a_fork_keeps_the_derived_history_at_its_mark() -> None:
+    log = SessionLog()
+    log.append("user/message", _msg("u1"), surface_op="append")
+    mark = log.mark()
+    log.append("user/message", _msg("u2"), surface_op="append")
+    fork = log.fork(mark)
+    assert [m.id for m in fork.history(len(fork))] == ["u1"]
+    fork.append("user/message", _msg("u3"), surface_op="append")
+    assert [m.id for m in fork.history(len(fork))] == ["u1", "u3"]
+    assert [m.id for m in log.history(len(log))] == ["u1", "u2"]
+    assert Resolve(0, None).effect == 0
