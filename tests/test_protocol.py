@@ -1,21 +1,32 @@
 """The embedding protocol (specs/protocol.md, rules P1–P16): pulling outputs, completions of
-released streams, the configuration, chunk folding and minted ids, request headers.
+released streams, the configuration, chunk folding and minted ids, request headers; and, driven
+on the machine and the reference model alike, observer positions (P2), commands (P3), effects
+(P4), control outputs (P5), buffered completions (P6), cancel and its notice (P7), the order of
+outputs (P8), the JSON forms of inputs (P9), observers that fail (P14) and internal yields (P15).
 
 Internal failures (P16) are tested in tests/test_internal_failures.py.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from scenario_helpers import Scenario, assert_failed_step, msg
 
 from machine.core import NO_ROUTE_MESSAGE, AgentCore, CoreConfig
 from machine.errors import ProtocolError, ValidationError
-from machine.io import Control
-from machine.jsonvalue import thaw
-from machine.scripted import Driver, calls_reply
+from machine.io import Control, Durable, Effect, Live, Observer, Output, input_from_json
+from machine.jsonvalue import FrozenDict, JsonLike, thaw
+from machine.scripted import Driver, ScriptedEnvironment, calls_reply, model_failure, ok_result
+from machine.vocabulary import ErrorInfo
+
+if TYPE_CHECKING:
+    # The same files: setup.py installs model/ as machine._model, which mypy cannot follow.
+    from model import ModelAgent
+else:
+    from machine._model import ModelAgent
 
 CONFIG = {"provider": "p", "model": "m"}
 
@@ -256,3 +267,469 @@ def test_P13_R9_6_a_provider_or_model_that_is_not_a_string_is_INVALID_REQUEST_CO
     """D5: values the original would let through (truthy non-strings) are refused, coded."""
     _assert_request_config_error(_header_scenario({"config": config}),
                                  f"the request config's {key} must be a string")
+
+
+# ==========================================================================
+# Rules P2-P9, P14 and P15, each driven on the machine (`AgentCore`) and on the reference
+# model (`ModelAgent`) with the same inputs: both must show the behaviour the rule states.
+# ==========================================================================
+
+IMPLEMENTATIONS = ("machine", "model")
+both = pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+
+
+def _core(impl: str, config: CoreConfig | None = None) -> AgentCore:
+    config = config if config is not None else CoreConfig()
+    return AgentCore(config) if impl == "machine" else cast(AgentCore, ModelAgent(config))
+
+
+def _scenario(impl: str, *replies: Sequence[JsonLike] | ErrorInfo | str) -> Scenario:
+    """A `Scenario` over the machine or over the reference model: the same scripted driver,
+    environment and inputs."""
+    s = Scenario(*replies)
+    if impl == "model":
+        s.core = _core(impl, s.core.config)
+        s.driver = Driver(s.core, s.env)
+    return s
+
+
+def _json(outputs: Sequence[Output]) -> list[dict[str, JsonLike]]:
+    return [o.to_json(with_time=False) if isinstance(o, Durable) else o.to_json() for o in outputs]
+
+
+def _answer(core: AgentCore, env: ScriptedEnvironment, effect: Effect) -> None:
+    """Answer *effect* the way the scripted driver does."""
+    answer = env.answer(effect)
+    if effect.kind == "model":
+        if isinstance(answer, ErrorInfo):
+            core.fail(effect.id, answer)
+        else:
+            for chunk in cast(Sequence[JsonLike], answer):
+                core.chunk(effect.id, chunk)
+            core.end(effect.id)
+        return
+    verb, value = cast(tuple[str, Any], answer)
+    if verb == "raise":
+        core.fail(effect.id, value)
+    else:
+        core.resolve(effect.id, value)
+
+
+def _pull_by_hand(core: AgentCore, at: Callable[[Output], bool], feed: Callable[[], None]
+                  ) -> list[Output]:
+    """Pull outputs one at a time, answering effects in request order, and call *feed* between
+    the pull of the first output *at* accepts and the pull of the next one."""
+    env = ScriptedEnvironment()
+    outputs: list[Output] = []
+    pending: list[Effect] = []
+    fed = False
+    while True:
+        output = core.next_output()
+        if output is None:
+            if not pending:
+                return outputs
+            _answer(core, env, pending.pop(0))
+            continue
+        outputs.append(output)
+        if isinstance(output, Effect):
+            pending.append(output)
+        if not fed and at(output):
+            fed = True
+            feed()
+
+
+# --------------------------------------------------------------------------
+# P2 observer positions
+# --------------------------------------------------------------------------
+
+
+def _is_turn_start(output: Output) -> bool:
+    return isinstance(output, Durable) and output.event.type == "turn/start"
+
+
+@both
+def test_P2_an_input_fed_after_output_k_is_what_an_observer_of_k_issuing_it_does(impl: str) -> None:
+    def commands(core: AgentCore) -> None:
+        core.steer(msg("steer", id="s"))
+        core.inject(msg("context", "plugin:p", id="c"))
+        core.steer(msg("steer again", id="s2"))
+
+    by_hand = _core(impl)
+    by_hand.followup(msg("go", id="g"))
+    fed = _pull_by_hand(by_hand, _is_turn_start, lambda: commands(by_hand))
+    observed = _core(impl)
+    driver = Driver(observed)
+    driver.on_event("turn/start", lambda _d: commands(observed), once=True)
+    observed.followup(msg("go", id="g"))
+    driver.run()
+    assert _json(fed) == _json(driver.outputs)
+    # commands issued at one position take effect in the order issued
+    texts = [str(thaw(e.data)["content"][0]["text"]) if e.type == "user/message"
+             else str(thaw(e.data["message"])["content"][0]["text"])
+             for e in by_hand.log.events if e.type in ("user/message", "steering/message")]
+    assert texts == ["go", "steer", "context", "steer again"]
+
+
+@both
+def test_P2_an_input_fed_one_output_later_acts_at_that_later_position(impl: str) -> None:
+    core = _core(impl)
+    core.followup(msg("go", id="g"))
+    fed = _pull_by_hand(core, lambda o: isinstance(o, Durable) and o.event.type == "turn/end",
+                        lambda: core.steer(msg("late", id="late")))
+    enqueued = [thaw(o.event.payload) for o in fed
+                if isinstance(o, Live) and o.event.type == "agent/inbox/enqueue"]
+    assert [p["placement"] for p in enqueued] == ["queued", "queued"]   # the window was closed
+
+
+# --------------------------------------------------------------------------
+# P3 commands change state at once and never advance the loop
+# --------------------------------------------------------------------------
+
+
+@both
+def test_P3_a_command_updates_the_routing_state_at_once_and_queues_only_its_own_outputs(
+        impl: str) -> None:
+    s = _scenario(impl)
+    s.hold("step")
+    s.followup("go")
+    s.run()
+    s.steer("more")
+    s.inject("context")
+    assert (s.core.pending_steering, s.core.pending_context) == (1, 1)
+    outputs = s.core.drain_outputs()
+    assert [o.event.type for o in outputs if isinstance(o, Live)] == ["agent/inbox/enqueue"]
+    assert len(outputs) == 1                          # the loop did not move: no {system-prompt}
+    with pytest.raises(ValidationError):
+        s.core.steer({"id": "", "role": "user"})
+    assert (s.core.pending_steering, s.core.pending_context) == (1, 1)
+    assert s.core.drain_outputs() == []
+
+
+# --------------------------------------------------------------------------
+# P4 effects: ids and payloads
+# --------------------------------------------------------------------------
+
+PAYLOAD_KEYS = {
+    "tick": {"purpose"},
+    "prompt-submit": {"message", "signal"},
+    "step": {"turn", "step", "signal"},
+    "system-prompt": {"turn", "step", "signal"},
+    "request": {"turn", "step", "signal", "config", "system"},
+    "model": {"turn", "step", "signal", "header", "historyEnd"},
+    "tool-prepare": {"turn", "step", "signal", "callId", "name", "arguments"},
+    "tool-execute": {"turn", "step", "signal", "callId", "name", "arguments"},
+    "tool-finalize": {"turn", "step", "signal", "callId", "name", "arguments", "result"},
+    "turn-stopping": {"turn", "signal"},
+    "request-error": {"turn", "step", "signal", "error", "failure", "priorFailures"},
+    "flush": {"turn"},
+}
+
+
+@both
+def test_P4_effects_carry_fresh_ids_in_request_order_and_the_payload_of_their_kind(
+        impl: str) -> None:
+    s = _scenario(impl, calls_reply(("c1", "t")), "done", model_failure("overloaded", "E_BUSY"))
+    s.followup("go")
+    s.followup("again")
+    s.run()
+    effects = s.effects()
+    assert [e.id for e in effects] == list(range(len(effects)))
+    assert {e.kind for e in effects} == set(PAYLOAD_KEYS)
+    for effect in effects:
+        assert set(effect.payload) == PAYLOAD_KEYS[effect.kind], effect.kind
+
+
+# --------------------------------------------------------------------------
+# P5 control outputs
+# --------------------------------------------------------------------------
+
+
+def _streaming(impl: str) -> tuple[Scenario, Effect]:
+    s = _scenario(impl)
+    s.hold("model")
+    s.followup("go")
+    s.run()
+    return s, s.take("model")
+
+
+def _controls(s: Scenario) -> list[str]:
+    return [o.kind for o in s.outputs if isinstance(o, Control)]
+
+
+@both
+def test_P5_a_stream_the_core_stops_consuming_is_released_and_its_later_completions_refused(
+        impl: str) -> None:
+    s, model = _streaming(impl)
+    s.cancel()
+    s.cancel("parent")                                # a second cause: no second abort
+    s.core.chunk(model.id, {"type": "text", "text": "consumed after the abort"})
+    s.run()
+    assert _controls(s) == ["abort", "release"]
+    release = [o for o in s.outputs if isinstance(o, Control) and o.kind == "release"]
+    assert thaw(release[0].payload) == {"effect": model.id}
+    assert model.id not in s.core.outstanding_effects
+    with pytest.raises(ProtocolError):
+        s.core.end(model.id)
+    assert s.of("assistant/chunk") == []
+
+
+@both
+def test_P5_a_stream_that_had_already_ended_is_not_released(impl: str) -> None:
+    s, model = _streaming(impl)
+    s.core.chunk(model.id, {"type": "text", "text": "buffered"})
+    s.core.end(model.id)
+    s.cancel()                                        # before the loop consumes the chunk
+    s.run()
+    assert _controls(s) == ["abort"]
+    assert s.of("assistant/chunk") == [] and s.reasons() == ["aborted"]
+
+
+# --------------------------------------------------------------------------
+# P6 completions are buffered and consumed lazily
+# --------------------------------------------------------------------------
+
+
+@both
+def test_P6_a_command_fed_after_a_completion_takes_effect_before_the_loop_consumes_it(
+        impl: str) -> None:
+    s = _scenario(impl)
+    s.hold("flush")
+    s.followup("one")
+    s.run()
+    flush = s.take("flush")
+    s.core.resolve(flush.id)
+    s.followup("two")                                 # still busy: the flush is not consumed
+    assert not s.core.wake_pending
+    s.run()
+    assert [e.payload["purpose"] for e in s.effects("tick")] == ["wake"]
+    assert s.turn_numbers() == [1, 2] and s.statuses() == ["running", "idle"]
+
+
+@both
+def test_P6_a_completion_value_is_taken_as_it_is_at_the_call(impl: str) -> None:
+    s = _scenario(impl, calls_reply(("c1", "t")))
+    s.hold("tool-execute")
+    s.followup("go")
+    s.run()
+    result = ok_result("as resolved")
+    s.core.resolve(s.take("tool-execute").id, result)
+    result["content"] = [{"type": "text", "text": "mutated"}]
+    s.run()
+    (logged,) = s.of("tool/result")
+    assert thaw(logged.data["message"])["content"][0]["content"] == [
+        {"type": "text", "text": "as resolved"}]
+
+
+# --------------------------------------------------------------------------
+# P7 cancel and the observers of agent/cancel-requested
+# --------------------------------------------------------------------------
+
+
+@both
+def test_P7_input_accepted_at_the_notice_is_cleared_into_the_reports_after_its_own_outputs(
+        impl: str) -> None:
+    s = _scenario(impl)
+    s.hold("step")
+    s.followup("go")
+    s.run()
+    s.followup("queued before")
+    s.observe("agent/cancel-requested", lambda _d: s.followup("at the notice"), once=True)
+    s.cancel()
+    s.followup("after the cancel returned")           # before the notice is pulled: kept
+    s.resolve("step")
+    trace = s.trace("*", "*", controls=True)
+    assert trace[trace.index("cancel-req(user)"):][:5] == [
+        "cancel-req(user)", "enq(at the notice,q)", "disc[queued before,at the notice]",
+        "abort(user)", "enq(after the cancel returned,q)"]
+    assert s.user_texts()[-1] == "after the cancel returned"
+
+
+@both
+def test_P7_a_cancel_joined_at_the_notice_with_nothing_new_to_clear_does_nothing(impl: str) -> None:
+    s = _scenario(impl)
+    s.hold("step")
+    s.followup("go")
+    s.run()
+    s.observe("agent/cancel-requested", lambda _d: s.cancel("parent"))   # on every notice
+    s.cancel()
+    s.resolve("step")
+    assert s.live_tokens("agent/cancel-requested") == ["cancel-req(user)"]
+    assert s.reasons() == ["aborted"]
+
+
+# --------------------------------------------------------------------------
+# P8 order of outputs
+# --------------------------------------------------------------------------
+
+
+@both
+def test_P8_a_commands_outputs_come_before_the_loops_next_and_durable_ones_in_seq_order(
+        impl: str) -> None:
+    s = _scenario(impl, calls_reply(("c1", "t")), "done", "after the steer")
+    marks: list[int] = []
+    reacted: set[str] = set()
+
+    def react(output: Output) -> None:
+        if (isinstance(output, Durable) and output.event.type in ("assistant/message", "tool/call")
+                and output.event.type not in reacted):
+            reacted.add(output.event.type)
+            marks.append(len(s.outputs))
+            s.inject("staged")
+            s.core.append("x-test/mark", {"n": len(marks)})
+            s.steer("steer")
+    s.on_output(react)
+    s.followup("go")
+    s.run()
+    for mark in marks:                                # the next outputs are the commands' own
+        following = s.outputs[mark:mark + 2]
+        assert isinstance(following[0], Durable) and following[0].event.type == "x-test/mark"
+        assert isinstance(following[1], Live) and following[1].event.type == "agent/inbox/enqueue"
+    seqs = [o.event.seq for o in s.outputs if isinstance(o, Durable)]
+    assert seqs == list(range(len(s.events)))
+
+
+# --------------------------------------------------------------------------
+# P9 JSON forms of inputs
+# --------------------------------------------------------------------------
+
+
+def _completion(effect: Effect) -> list[dict[str, JsonLike]]:
+    """The JSON inputs completing *effect* in the P9 script: a model call streams two chunks
+    and ends; turn-stopping raises; prompt-submit allows; request resolves a header."""
+    if effect.kind == "model":
+        return [{"in": "chunk", "effect": effect.id, "chunk": {"type": "text", "text": "hi"}},
+                {"in": "chunk", "effect": effect.id, "chunk": {"type": "finish", "kind": "stop"}},
+                {"in": "end", "effect": effect.id}]
+    if effect.kind == "turn-stopping" and effect.payload["turn"] == 1:
+        error = ErrorInfo("stop", "HookError", "E_STOP")
+        return [{"in": "raise", "effect": effect.id, "error": error.to_json()}]
+    value: JsonLike = {"prompt-submit": {"kind": "allow"},
+                       "request": {"config": {"provider": "p", "model": "m"}}}.get(effect.kind)
+    return [{"in": "resolve", "effect": effect.id, "value": value}]
+
+
+def _call(core: AgentCore, value: dict[str, JsonLike]) -> None:
+    """What *value*, an input in its JSON form, asks for, done by calling the method."""
+    kind = value["in"]
+    effect = value.get("effect")
+    if kind == "send":
+        core.send(value["message"], value["options"])
+    elif kind in ("followup", "steer", "inject"):
+        getattr(core, str(kind))(value["message"])
+    elif kind == "cancel":
+        core.cancel(value["cause"], keep_inbox=bool(value.get("keepInbox", False)))
+    elif kind == "dispose":
+        core.dispose()
+    elif kind == "append":
+        core.append(str(value["type"]), value["data"])
+    elif kind == "resolve":
+        core.resolve(cast(int, effect), value["value"])
+    elif kind == "raise":
+        core.fail(cast(int, effect), ErrorInfo.from_json(value["error"]))
+    elif kind == "chunk":
+        core.chunk(cast(int, effect), value["chunk"])
+    elif kind == "end":
+        core.end(cast(int, effect))
+    else:
+        assert kind == "observer"                     # P14: nothing for the core to do
+
+
+@both
+def test_P9_every_input_in_its_json_form_does_what_the_call_does(impl: str) -> None:
+    commands: list[dict[str, JsonLike]] = [
+        {"in": "send", "message": msg("go", id="g"),
+         "options": {"target": "next-turn", "wakeup": False}},
+        {"in": "inject", "message": msg("ctx", "plugin:p", id="i")},
+        {"in": "append", "type": "x-test/mark", "data": {"n": 1}},
+        {"in": "followup", "message": msg("follow", id="f")},
+        {"in": "observer", "action": "throw"},
+    ]
+    at_the_second_flush: list[dict[str, JsonLike]] = [
+        {"in": "steer", "message": msg("steer", id="s")},
+        {"in": "cancel", "cause": {"kind": "user"}, "keepInbox": True},
+        {"in": "dispose"},
+    ]
+
+    def run(as_json: bool) -> list[dict[str, JsonLike]]:
+        core = _core(impl)
+
+        def give(value: dict[str, JsonLike]) -> None:
+            if as_json:
+                core.feed(input_from_json(value))
+            else:
+                _call(core, value)
+        outputs = core.drain_outputs()
+        for command in commands:
+            give(command)
+        answered: set[int] = set()
+        while True:
+            outputs += core.drain_outputs()
+            todo = [o for o in outputs if isinstance(o, Effect) and o.id not in answered]
+            if not todo:
+                return _json(outputs)
+            effect = todo[0]
+            answered.add(effect.id)
+            for value in _completion(effect):
+                give(value)
+            if effect.kind == "flush" and effect.payload["turn"] == 2:
+                for command in at_the_second_flush:
+                    give(command)
+
+    via_json = run(True)
+    assert via_json == run(False)
+    types = [o.get("type") for o in via_json]
+    assert "x-test/mark" in types and types[-1] == "session/disposed"
+    reasons = [cast(dict[str, JsonLike], o["data"])["reason"] for o in via_json
+               if o.get("type") == "turn/end"]
+    assert reasons == [{"kind": "error", "step": 1, "message": "stop", "code": "E_STOP"},
+                       {"kind": "completed"}]
+    assert "agent/inbox/discard" in types           # dispose discards the steer the cancel spared
+
+
+# --------------------------------------------------------------------------
+# P14 observers that fail
+# --------------------------------------------------------------------------
+
+
+@both
+def test_P14_observer_inputs_are_accepted_anywhere_even_after_teardown_and_change_nothing(
+        impl: str) -> None:
+    def run(with_observer_inputs: bool) -> list[dict[str, JsonLike]]:
+        s = _scenario(impl, calls_reply(("c1", "t")), "done")
+        if with_observer_inputs:
+            def fail(_output: Output) -> None:
+                s.core.feed(Observer("throw"))
+                s.core.feed(Observer("veto"))
+            s.on_output(fail)
+        s.followup(msg("go", id="g"))
+        s.run()
+        s.dispose()
+        s.run()
+        if with_observer_inputs:                        # after teardown too
+            s.core.feed(input_from_json({"in": "observer", "action": "veto"}))
+            s.core.feed(input_from_json({"in": "observer", "action": "throw"}))
+        s.run()
+        return _json(s.outputs)
+    assert run(True) == run(False)
+
+
+# --------------------------------------------------------------------------
+# P15 internal yields
+# --------------------------------------------------------------------------
+
+
+@both
+def test_P15_a_tick_comes_after_the_notifications_of_the_same_run_of_the_loop(impl: str) -> None:
+    s = _scenario(impl)
+
+    def cancel_at_running(data: FrozenDict) -> None:
+        if data["status"] == "running":
+            s.cancel()
+    s.observe("agent/status", cancel_at_running)
+    s.followup("go")
+    s.run()
+    trace = s.trace("*", "*", controls=True)
+    # the wake tick precedes the send's enqueue only because it is requested first; the
+    # rejected-admission tick of an admission aborted at running follows its dequeue
+    assert trace == ["tick(wake)", "enq(go,q)", "running", "cancel-req(user)", "abort(user)",
+                     "deq(go,q)", "tick(rejected-admission)", "idle"]

@@ -170,34 +170,11 @@ def in_family(rule: str, file: str) -> bool:
 # Exemptions, each with its reason. A rule leaves the list when a test names it.
 # --------------------------------------------------------------------------
 
-_ELSEWHERE = ("named only by tests filed by scenario (test_scenarios.py, collected from the "
-              "corpus; test_scenario_variants.py) or by module (test_decisions.py, "
-              "test_machines.py, test_differences.py, test_hostile_*.py, test_differential.py, "
-              "test_run_cli.py); no test of its family names it yet")
-_CLASSIFIED = ("named by the tests of the failures it classifies (test_R9_step.py, "
-               "test_R10_tools.py, test_protocol.py); there is no R15 file yet")
-_FIDELITY = ("named by tests/test_differences.py, whose tests of the fidelity work drive the "
-             "machine and the reference model alike")
-
 #: Rules no test names.
 UNNAMED: dict[str, str] = {}
 
 #: Rules named, but by no test file of their family.
-UNFILED: dict[str, str] = {
-    **dict.fromkeys((
-        "R0.1", "R0.2", "R0.3", "R0.4", "R0.5", "R0.6", "R0.7", "R0.8", "R0.9", "R3.1", "R3.2",
-        "R4.4", "R4.5", "R4.6", "R4.7", "R4.8", "R4.9", "R4.10", "R5.1", "R5.2", "R5.3", "R5.4",
-        "R5.5", "R5.6", "R5.7", "R6.1", "R6.2", "R6.3", "R7.1", "R7.2", "R7.3", "R7.4", "R7.5",
-        "R7.6", "R7.7", "R7.8", "R7.9", "R7.10", "R7.11", "R8.1", "R8.2", "R8.3", "R8.4", "R8.5",
-        "R8.6", "R8.7", "R8.8", "R9.1", "R9.2", "R9.4", "R9.5", "R9.8", "R9.9", "R9.10", "R10.5",
-        "R10.6", "R10.7", "R10.8", "R10.10", "R10.11", "R11.1", "R11.2", "R11.3", "R12.1", "R12.2",
-        "R12.3", "R12.4", "R12.5", "R12.6", "R12.7", "R12.8", "R13.1", "R13.2", "R13.3", "R13.4",
-        "R13.5", "R14.1", "R14.2", "R14.3", "R15.1", "R15.2", "R16.2", "R16.3", "R16.4", "R16.5",
-        "R16.6", "R17.1", "R17.2", "R17.3", "R18", "R20.3", "P2", "P3", "P4", "P5", "P6", "P7",
-        "P8", "P9"), _ELSEWHERE),
-    **dict.fromkeys(("R15.3", "R15.4"), _CLASSIFIED),
-    **dict.fromkeys(("P14", "P15"), _FIDELITY),
-}
+UNFILED: dict[str, str] = {}
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,237 @@
+"""R13, request errors and retries (specs/core.md §13): R13.1 what a request failure is, R13.2
+the order of recovery, R13.3 the retry run, R13.4 the reset of the failure history, R13.5
+cancelling a retry.
+
+Each test drives the machine (`AgentCore`) and the reference model (`ModelAgent`) with the
+same inputs through the scripted driver, and requires the behaviour of the rule of both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
+
+import pytest
+from scenario_helpers import L, Scenario
+
+from machine.core import AgentCore, CoreConfig
+from machine.io import Effect
+from machine.jsonvalue import JsonLike, thaw
+from machine.scripted import Driver, calls_reply, model_failure
+from machine.vocabulary import ErrorInfo
+
+if TYPE_CHECKING:
+    # The same files: setup.py installs model/ as machine._model, which mypy cannot follow.
+    from model import ModelAgent
+else:
+    from machine._model import ModelAgent
+
+IMPLEMENTATIONS = ("machine", "model")
+both = pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+RETRY = ("resolve", {"kind": "retry"})
+
+
+def scenario(impl: str, *replies: Sequence[JsonLike] | ErrorInfo | str,
+             config: CoreConfig | None = None) -> Scenario:
+    """A `Scenario` over the machine or over the reference model: the same scripted driver,
+    environment and inputs."""
+    s = Scenario(*replies, config=config)
+    if impl == "model":
+        s.core = cast(AgentCore, ModelAgent(s.core.config))
+        s.driver = Driver(s.core, s.env)
+    return s
+
+
+def tokens(s: Scenario, since: int = 0) -> list[str]:
+    return s.trace("*", "*", controls=True, since=since)
+
+
+def reason_kinds(s: Scenario) -> list[str]:
+    return [str(thaw(e.data["reason"])["kind"]) for e in s.of("turn/end")]
+
+
+def prior_failures(s: Scenario) -> list[list[str]]:
+    return [[str(f["code"]) for f in thaw(e.payload["priorFailures"])]
+            for e in s.effects("request-error")]
+
+
+# --------------------------------------------------------------------------
+# R13.1 request failures
+# --------------------------------------------------------------------------
+
+FAILURE = {"message": "overloaded", "code": "E_BUSY"}
+
+
+@both
+@pytest.mark.parametrize(("case", "offered"), [
+    ("model raise with failure", True),
+    ("finish error", True),
+    ("finish aborted", True),
+    ("model raise without failure", False),
+    ("request raise", False),
+    ("bad header", False),
+    ("bad chunk", False),
+    ("end before finish", False),
+    ("invalid tool result", False),
+    ("step raise", False),
+])
+def test_R13_1_only_a_final_model_failure_is_offered_to_recovery(
+        impl: str, case: str, offered: bool) -> None:
+    replies: dict[str, Sequence[JsonLike] | ErrorInfo] = {
+        "model raise with failure": model_failure("overloaded", "E_BUSY"),
+        "finish error": [{"type": "finish", "kind": "error", "failure": FAILURE}],
+        "finish aborted": [{"type": "finish", "kind": "aborted"}],
+        "model raise without failure": ErrorInfo("socket closed", "NetError", "E_NET"),
+        "bad chunk": [{"type": "ping"}],
+        "end before finish": [{"type": "text", "text": "cut"}],
+        "invalid tool result": calls_reply(("c1", "t")),
+    }
+    s = scenario(impl, replies.get(case, "ok"))
+    if case == "request raise":
+        s.handle("request", lambda _e: ("raise", ErrorInfo("no", code="E_REQ")))
+    elif case == "bad header":
+        s.handle("request", lambda _e: ("resolve", {"config": {"provider": 1, "model": "m"}}))
+    elif case == "invalid tool result":
+        s.handle("tool-execute", lambda _e: ("resolve", {"content": "not a list"}))
+    elif case == "step raise":
+        s.handle("step", lambda _e: ("raise", ErrorInfo("no")))
+    s.followup("go")
+    s.run()
+    assert len(s.effects("request-error")) == (1 if offered else 0)
+    (end,) = s.of("turn/end")
+    assert ("failure" in thaw(end.data["reason"])) is offered
+
+
+# --------------------------------------------------------------------------
+# R13.2 order
+# --------------------------------------------------------------------------
+
+
+@both
+def test_R13_2_step_end_then_recovery_then_the_error_then_the_close(impl: str) -> None:
+    s = scenario(impl, model_failure("overloaded", "E_BUSY"))
+    latest: list[str] = []
+
+    def recover(_e: Effect) -> None:
+        latest.append(s.core.log.events[-1].type)
+    s.handle("request-error", recover)
+    s.followup("go")
+    s.run()
+    trace = [t for t in tokens(s) if t.startswith(("[SE", "⟨request-error", "error(", "[TE", "flush"))]
+    assert trace == ["[SE(1.1)]", "⟨request-error 1.1⟩", "error(1,1,'overloaded')",
+                     "[TE(1,error)]", "flush(1)"]
+    assert latest == ["step/end"]
+    (effect,) = s.effects("request-error")
+    payload = thaw(effect.payload)
+    assert payload["failure"] == FAILURE and payload["priorFailures"] == []
+    assert payload["error"] == {"name": "ModelError", "message": "overloaded", "code": "E_BUSY",
+                                "failure": FAILURE}
+    assert (payload["turn"], payload["step"], payload["signal"]) == (1, 1, 2)
+
+
+@both
+@pytest.mark.parametrize(("answer", "retried", "warning"), [
+    (("resolve", {"kind": "retry"}), True, None),
+    (("resolve", {"kind": "retry", "delay": 1}), False, None),
+    (("resolve", "retry"), False, None),
+    (("resolve", {"kind": "give-up"}), False, None),
+    (("resolve", None), False, None),
+    (("raise", ErrorInfo("hook broke", causes=("inner",))), False,
+     "request recovery failed: hook broke: inner"),
+])
+def test_R13_2_exactly_kind_retry_authorizes_a_retry_and_a_raise_warns(
+        impl: str, answer: tuple[str, JsonLike], retried: bool, warning: str | None) -> None:
+    s = scenario(impl, model_failure("overloaded", "E_BUSY"), "recovered")
+    s.handle("request-error", lambda _e: answer, times=1)
+    s.followup("go")
+    s.run()
+    assert s.turn_numbers() == ([1, 2] if retried else [1])
+    assert s.warnings() == ([] if warning is None else [warning])
+    assert len(s.live("agent/error")) == 1
+
+
+# --------------------------------------------------------------------------
+# R13.3 retry run
+# --------------------------------------------------------------------------
+
+
+@both
+def test_R13_3_the_retry_run_writes_retained_steering_under_its_own_turn_and_sees_the_failure(
+        impl: str) -> None:
+    s = scenario(impl, model_failure("first", "E1"), model_failure("second", "E2"))
+
+    def recover(effect: Effect) -> object:
+        if effect.payload["turn"] == 1:
+            s.steer("retained steer")             # staged, retained past the failed turn
+            return RETRY
+        return None
+    s.handle("request-error", recover)
+    s.followup("go")
+    s.run()
+    log = s.log()
+    assert log[log.index("TE(1,error)") + 1:][:3] == L("TS(2,retry) STM(2;'retained steer';user) "
+                                                       "SS(2.1)")
+    assert prior_failures(s) == [[], ["E1"]]
+    trace = tokens(s)
+    between = trace[trace.index("[TE(1,error)]") + 1:trace.index("[TS(2,retry)]")]
+    assert between == ["flush(1)"]                 # neither agent/settled nor a status output
+    assert s.live_tokens("agent/inbox/dequeue")[-1] == "deq(retained steer,s)"
+
+
+# --------------------------------------------------------------------------
+# R13.4 history reset
+# --------------------------------------------------------------------------
+
+
+@both
+def test_R13_4_failures_accumulate_along_a_chain_until_a_step_completes(impl: str) -> None:
+    s = scenario(impl, model_failure("first", "E1"), model_failure("second", "E2"),
+                 calls_reply(("c1", "t")), model_failure("third", "E3"))
+    s.handle("request-error", lambda _e: RETRY, times=2)
+    s.followup("go")
+    s.run()
+    assert prior_failures(s) == [[], ["E1"], []]   # turn 3's completed step 1 emptied it
+    assert [e.payload["step"] for e in s.effects("request-error")] == [1, 1, 2]
+
+
+@both
+def test_R13_4_an_admitted_run_starts_with_an_empty_history(impl: str) -> None:
+    s = scenario(impl, model_failure("first", "E1"), model_failure("second", "E2"))
+    s.followup("one")
+    s.followup("two")
+    s.run()
+    assert prior_failures(s) == [[], []]
+
+
+# --------------------------------------------------------------------------
+# R13.5 cancelling a retry
+# --------------------------------------------------------------------------
+
+
+@both
+def test_R13_5_a_cancel_while_recovery_is_outstanding_makes_the_turn_aborted_and_no_retry(
+        impl: str) -> None:
+    s = scenario(impl, model_failure("overloaded", "E_BUSY"), "never")
+    s.hold("request-error")
+    s.followup("go")
+    s.run()
+    s.cancel()
+    s.resolve("request-error", {"kind": "retry"})
+    assert s.turn_numbers() == [1] and reason_kinds(s) == ["aborted"]
+    assert s.live("agent/error") == []
+    assert s.live_tokens("agent/settled") == ["settled(1,aborted)"]
+
+
+@both
+@pytest.mark.parametrize("moment", ["agent/error", "turn/end"])
+def test_R13_5_a_cancel_after_recovery_drops_the_retry_and_keeps_the_error(
+        impl: str, moment: str) -> None:
+    s = scenario(impl, model_failure("overloaded", "E_BUSY"), "never")
+    s.handle("request-error", lambda _e: RETRY)
+    s.observe(moment, lambda _d: s.cancel(), once=True)
+    s.followup("go")
+    s.run()
+    assert s.turn_numbers() == [1] and reason_kinds(s) == ["error"]
+    (settled,) = s.live("agent/settled")
+    reason = thaw(settled["reason"])
+    assert set(reason) == {"kind", "error", "failure"} and reason["failure"] == FAILURE
