@@ -51,10 +51,48 @@ from machine.conformance.authoring import (
 from machine.core import AgentCore, CoreConfig
 from machine.events import Event
 from machine.io import Effect, Output
-from machine.jsonvalue import FrozenDict, JsonLike, thaw
+from machine.jsonvalue import Frozen, FrozenDict, FrozenList, JsonLike, thaw
 from machine.log import SessionLog
 from machine.scripted import HOLD, Driver, ScriptedEnvironment, ok_result, text_reply
 from machine.vocabulary import ErrorInfo, Message
+
+# --------------------------------------------------------------------------
+# Frozen values read by a test: narrowed by an assertion (for the type checker too)
+# --------------------------------------------------------------------------
+
+
+def obj(value: object) -> FrozenDict:
+    """*value*, asserted to be a JSON object (a `FrozenDict`), such as a field of an event's
+    data the test reads further."""
+    assert isinstance(value, FrozenDict), f"not a JSON object: {value!r}"
+    return value
+
+
+def arr(value: object) -> FrozenList:
+    """*value*, asserted to be a JSON array (a `FrozenList`)."""
+    assert isinstance(value, FrozenList), f"not a JSON array: {value!r}"
+    return value
+
+
+def at(value: Frozen, *path: str | int) -> Frozen:
+    """``value[path[0]][path[1]]...``, asserting that each container on the way is a JSON
+    object (for a ``str`` key) or a JSON array (for an ``int`` index)."""
+    for key in path:
+        value = arr(value)[key] if isinstance(key, int) else obj(value)[key]
+    return value
+
+
+def string(value: object) -> str:
+    """*value*, asserted to be a string."""
+    assert isinstance(value, str), f"not a string: {value!r}"
+    return value
+
+
+def integer(value: object) -> int:
+    """*value*, asserted to be an integer (a `bool` is not one)."""
+    assert isinstance(value, int) and not isinstance(value, bool), f"not an integer: {value!r}"
+    return value
+
 
 # --------------------------------------------------------------------------
 # Messages; the notation is machine.conformance.authoring's (the one renderer)
@@ -77,7 +115,7 @@ def as_msg(value: str | Mapping[str, JsonLike] | Message,
            src: str | Mapping[str, JsonLike] | None = None) -> JsonLike:
     if isinstance(value, str):
         return msg(value, src)
-    return value  # type: ignore[return-value]
+    return value
 
 
 def reply_text(text: str, *, finish: str = "stop", usage: JsonLike = None) -> list[JsonLike]:
@@ -243,7 +281,7 @@ class Scenario:
         return [str(p["status"]) for p in self.live("agent/status")]
 
     def errors(self) -> list[tuple[int, int, str]]:
-        return [(int(p["turn"]), int(p["step"]), str(p["error"]["message"]))  # type: ignore[index]
+        return [(integer(p["turn"]), integer(p["step"]), str(obj(p["error"])["message"]))
                 for p in self.live("agent/error")]
 
     def warnings(self) -> list[str]:
@@ -281,7 +319,7 @@ class Scenario:
         return [reason_label(thaw(e.data["reason"])) for e in self.of("turn/end")]
 
     def turn_numbers(self) -> list[int]:
-        return [int(e.data["turn"]) for e in self.of("turn/start")]  # type: ignore[arg-type]
+        return [integer(e.data["turn"]) for e in self.of("turn/start")]
 
     # -- invariants ----------------------------------------------------------------
     def check(self) -> None:
@@ -291,7 +329,7 @@ class Scenario:
             assert status == ("running" if i % 2 == 0 else "idle"), f"status alternation: {statuses}"
         enq = len(self.live("agent/inbox/enqueue"))
         deq = len(self.live("agent/inbox/dequeue"))
-        disc = sum(len(p["messages"]) for p in self.live("agent/inbox/discard"))  # type: ignore[arg-type]
+        disc = sum(len(arr(p["messages"])) for p in self.live("agent/inbox/discard"))
         pending = self.core.pending_queued + self.core.pending_steering
         assert enq == deq + disc + pending, (
             f"inbox conservation: enq={enq} deq={deq} disc={disc} pending={pending}")
@@ -306,18 +344,23 @@ __all__ = [
     "ErrorInfo",
     "L",
     "Scenario",
+    "arr",
+    "at",
     "check_log",
     "event_token",
+    "integer",
     "live_token",
     "log_tokens",
     "message_label",
     "message_text",
     "msg",
+    "obj",
     "ok_result",
     "reason_label",
     "reply_text",
     "result_with_contexts",
     "source",
+    "string",
     "text_reply",
 ]
 

@@ -244,7 +244,7 @@ def test_long_lived_objects_are_frozen_only_while_checking(tmp_path: Path) -> No
         return original(*args, **kwargs)  # type: ignore[arg-type]
 
     callbacks = list(gc.callbacks)
-    trace._verify = verify_and_collect  # type: ignore[assignment]
+    trace._verify = verify_and_collect
     try:
         assert gc.get_freeze_count() == 0
         assert verify_trace(path).ok
@@ -263,7 +263,7 @@ def test_long_lived_objects_are_frozen_only_while_checking(tmp_path: Path) -> No
         finally:
             gc.enable()
     finally:
-        trace._verify = original  # type: ignore[assignment]
+        trace._verify = original
 
 
 def test_recorded_traces_take_the_canonical_fast_path(tmp_path: Path,

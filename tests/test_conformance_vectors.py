@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]  # types-jsonschema is not a dev dependency
 import pytest
 
 from machine.conformance.checker import run_all
@@ -293,7 +293,7 @@ GOOD: dict[str, Any] = {
 
 
 def _variant(**changes: Any) -> dict[str, Any]:
-    value = json.loads(json.dumps(GOOD))
+    value: dict[str, Any] = json.loads(json.dumps(GOOD))
     for key, item in changes.items():
         if item is None:
             value.pop(key)

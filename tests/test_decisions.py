@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 from hypothesis import given, settings
@@ -23,7 +24,15 @@ from machine import decisions
 
 ROOT = Path(__file__).resolve().parent.parent
 DEEP = os.environ.get("TURNSTILE_PROFILE") == "deep"
-BACKEND = {"backend": "crosshair"} if DEEP else {}
+
+
+class _Backend(TypedDict, total=False):
+    """The keyword arguments of `settings` the deep profile sets."""
+
+    backend: str
+
+
+BACKEND: _Backend = {"backend": "crosshair"} if DEEP else {}
 CONTRACT_FILES = ["machine/decisions.py", "machine/invariants.py"]
 
 

@@ -9,16 +9,22 @@ implement), and parsing that runs out of stack counts as unparsable.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from types import FrameType
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
-from scenario_helpers import Scenario
+from scenario_helpers import Scenario, at
 
-from machine._model import ModelAgent
 from machine.core import AgentCore, CoreConfig
 from machine.errors import NotJsonCompatibleError
 from machine.jsonvalue import MAX_DEPTH, FrozenList, freeze, frozen_from_json, thaw
 from machine.scripted import Driver, ScriptedEnvironment, calls_reply, ok_result, text_reply
+
+if TYPE_CHECKING:
+    # The same files: setup.py installs model/ as machine._model, which mypy cannot follow.
+    from model import ModelAgent
+else:
+    from machine._model import ModelAgent
 
 
 def nested(depth: int) -> Any:
@@ -96,7 +102,7 @@ def test_V1_values_at_the_bound_survive_the_envelopes_the_core_wraps_them_in() -
     driver = _deep_result_session(AgentCore(CoreConfig(), clock=lambda: 0))
     core = driver.core
     (result,) = [e for e in core.log if e.type == "tool/result"]
-    assert thaw(result.data["meta"]["a"]) == nested(MAX_DEPTH - 1)
+    assert thaw(at(result.data, "meta", "a")) == nested(MAX_DEPTH - 1)
     assert [e.type for e in core.log][-1] == "turn/end"
     assert thaw(core.log[-1].data["reason"]) == {"kind": "completed"}
     assert core.status == "idle"
@@ -114,7 +120,8 @@ def test_V1_running_out_of_stack_below_the_bound_is_a_refusal_naming_the_value()
     # recursion limit: that is a refusal of the value, never a RecursionError.
     import sys
 
-    frame, depth = sys._getframe(), 0
+    frame: FrameType | None = sys._getframe()
+    depth = 0
     while frame is not None:
         depth, frame = depth + 1, frame.f_back
     limit = sys.getrecursionlimit()
@@ -131,5 +138,5 @@ def test_V1_running_out_of_stack_below_the_bound_is_a_refusal_naming_the_value()
 def test_V2_frozen_from_json_rebuilds_arrays_as_frozen_lists_at_every_level() -> None:
     value = frozen_from_json('[1, [2, {"a": [3]}], "x"]')
     assert type(value) is FrozenList and type(value[1]) is FrozenList
-    assert type(value[1][1]["a"]) is FrozenList
+    assert type(at(value, 1, 1, "a")) is FrozenList
     assert thaw(value) == [1, [2, {"a": [3]}], "x"]

@@ -24,7 +24,7 @@ import functools
 import json
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, event, given, note, settings
@@ -37,9 +37,9 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from scenario_helpers import at
 
-from machine._model import ModelAgent
-from machine.core import AgentCore, CoreConfig
+from machine.core import AgentCore, CoreConfig, ToolMode
 from machine.errors import DisposedError, InvariantError, ProtocolError, ValidationError
 from machine.explore import SEED_EVENTS
 from machine.invariants import AgentInvariantError, InvariantMonitor
@@ -65,6 +65,12 @@ from machine.log import SessionLog
 from machine.reach import MATRIX_COMMANDS, ROWS, PositionTracker, command_kind
 from machine.vocabulary import FOLLOWUP, INJECT, STEER, ErrorInfo, LlmFailure
 
+if TYPE_CHECKING:
+    # The same files: setup.py installs model/ as machine._model, which mypy cannot follow.
+    from model import ModelAgent
+else:
+    from machine._model import ModelAgent
+
 # --------------------------------------------------------------------------
 # Profiles
 # --------------------------------------------------------------------------
@@ -81,7 +87,7 @@ PROFILE = ("differential-deep" if os.environ.get("TURNSTILE_PROFILE") == "deep"
            else "differential-ci")
 
 TOOLS = ("exc", "par", "par2", "unknown")
-TOOL_MODES = {"exc": "exclusive", "par": "parallel", "par2": "parallel"}
+TOOL_MODES: dict[str, ToolMode] = {"exc": "exclusive", "par": "parallel", "par2": "parallel"}
 TEXTS = ("a", "b", "hello", "")
 ARGUMENTS = ("", "{}", '{"x": 1}', "not json", "[1, 2]", "NaN")
 
@@ -440,12 +446,12 @@ class DifferentialMachine(RuleBasedStateMachine):
                 ("steering/message", "steering/message" in kinds),
                 ("retry turn", any(e.type == "turn/start" and e.data["trigger"] == {"kind": "retry"}
                                    for e in events)),
-                ("aborted/disposed turn", any(e.type == "turn/end" and e.data["reason"]["kind"]
+                ("aborted/disposed turn", any(e.type == "turn/end" and at(e.data, "reason", "kind")
                                               in ("aborted", "disposed") for e in events)),
-                ("error turn", any(e.type == "turn/end" and e.data["reason"]["kind"] == "error"
+                ("error turn", any(e.type == "turn/end" and at(e.data, "reason", "kind") == "error"
                                    for e in events)),
                 ("max-tokens turn", any(e.type == "turn/end"
-                                        and e.data["reason"]["kind"] == "max-tokens"
+                                        and at(e.data, "reason", "kind") == "max-tokens"
                                         for e in events)),
                 ("synthetic tool result", any(e.type == "tool/result" and "error" in e.data
                                               and str(e.data["error"]).find("AbortError") >= 0
@@ -661,8 +667,9 @@ class DifferentialMachine(RuleBasedStateMachine):
 
     def directed_value(self, data: st.DataObject, effect: int, kind: str, row: int) -> list[Input]:
         if kind == "prompt-submit" and row == 4:
-            return [data.draw(st.sampled_from([Resolve(effect, {"kind": "maybe"}),
-                                               Raise(effect, ErrorInfo("denied", "HookError"))]))]
+            answers: list[Input] = [Resolve(effect, {"kind": "maybe"}),
+                                    Raise(effect, ErrorInfo("denied", "HookError"))]
+            return [data.draw(st.sampled_from(answers))]
         if kind == "prompt-submit" and row == 22:
             return [Resolve(effect, {"kind": "block", "reason": "no"})]
         if kind == "model" and row in (17, 18):
@@ -683,9 +690,10 @@ class DifferentialMachine(RuleBasedStateMachine):
         if data.draw(st.integers(0, 4)) != 0 or kind in ("tick", "tool-finalize", "request"):
             return self.happy_value(data, effect, kind)
         if kind == "prompt-submit":
-            return [data.draw(st.sampled_from([
+            answers: list[Input] = [
                 Resolve(effect, {"kind": "block", "reason": "no"}), Resolve(effect, {"kind": "maybe"}),
-                Raise(effect, ErrorInfo("denied", "HookError"))]))]
+                Raise(effect, ErrorInfo("denied", "HookError"))]
+            return [data.draw(st.sampled_from(answers))]
         if kind == "model":
             return data.draw(st.sampled_from([
                 [Raise(effect, ErrorInfo("down", "ModelError", "UNAVAILABLE",
@@ -838,16 +846,17 @@ class DifferentialMachine(RuleBasedStateMachine):
         before = (len(self.core.log), self.core.status)
         if how == "finished" and self.finished:
             effect = data.draw(st.sampled_from(sorted(self.finished)))
-            item: Input = data.draw(st.sampled_from([Resolve(effect, None), End(effect),
-                                                     Chunk(effect, {"type": "text", "text": "x"}),
-                                                     Raise(effect, ErrorInfo("late"))]))
+            late: list[Input] = [Resolve(effect, None), End(effect),
+                                 Chunk(effect, {"type": "text", "text": "x"}),
+                                 Raise(effect, ErrorInfo("late"))]
+            item: Input = data.draw(st.sampled_from(late))
         elif how == "wrong-kind" and self.outstanding:
             effect = data.draw(st.sampled_from(sorted(self.outstanding)))
             if self.outstanding[effect] == "model":
                 item = Resolve(effect, None)
             else:
-                item = data.draw(st.sampled_from([End(effect),
-                                                  Chunk(effect, {"type": "text", "text": "x"})]))
+                wrong: list[Input] = [End(effect), Chunk(effect, {"type": "text", "text": "x"})]
+                item = data.draw(st.sampled_from(wrong))
         elif how == "not-error" and self.outstanding:
             effect = data.draw(st.sampled_from(sorted(self.outstanding)))
             item = Raise(effect, "boom")  # type: ignore[arg-type]
@@ -863,15 +872,15 @@ class DifferentialMachine(RuleBasedStateMachine):
 
 # Rule weights: Hypothesis picks rules uniformly, so the inputs that drive the loop forward
 # are registered under several names.
-_happy = rule(data=st.data(), oldest=st.booleans(), count=st.integers(1, 8))(
+_happy_rule = rule(data=st.data(), oldest=st.booleans(), count=st.integers(1, 8))(
     DifferentialMachine._complete_happily)
-DifferentialMachine.complete_happily_2 = precondition(  # type: ignore[attr-defined]
-    lambda self: bool(self.outstanding))(_happy)
-DifferentialMachine.complete_happily_3 = precondition(  # type: ignore[attr-defined]
-    lambda self: bool(self.outstanding))(_happy)
-DifferentialMachine.send_preset_2 = DifferentialMachine.send_preset  # type: ignore[attr-defined]
-DifferentialMachine.model_reply_2 = DifferentialMachine.model_reply  # type: ignore[attr-defined]
-DifferentialMachine.pull_one_2 = DifferentialMachine.pull_one  # type: ignore[attr-defined]
+DifferentialMachine.complete_happily_2 = precondition(
+    lambda self: bool(self.outstanding))(_happy_rule)
+DifferentialMachine.complete_happily_3 = precondition(
+    lambda self: bool(self.outstanding))(_happy_rule)
+DifferentialMachine.send_preset_2 = DifferentialMachine.send_preset
+DifferentialMachine.model_reply_2 = DifferentialMachine.model_reply
+DifferentialMachine.pull_one_2 = DifferentialMachine.pull_one
 
 _examples = os.environ.get("TURNSTILE_DIFF_EXAMPLES")  # an explicit size wins over the profile
 DIFFERENTIAL_SETTINGS = (settings(settings.get_profile(PROFILE), max_examples=int(_examples))

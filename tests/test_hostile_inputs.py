@@ -41,7 +41,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import fields, is_dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import HealthCheck, note, settings
@@ -49,7 +49,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from machine import strategies
-from machine._model import ModelAgent
 from machine.core import AgentCore, CoreConfig
 from machine.errors import InvariantError, ProtocolError, TurnstileError, ValidationError
 from machine.invariants import InvariantMonitor
@@ -70,6 +69,12 @@ from machine.jsonvalue import FrozenList, freeze
 from machine.log import SessionLog
 from machine.scripted import ScriptedEnvironment
 from machine.vocabulary import ErrorInfo, LlmFailure
+
+if TYPE_CHECKING:
+    # The same files: setup.py installs model/ as machine._model, which mypy cannot follow.
+    from model import ModelAgent
+else:
+    from machine._model import ModelAgent
 
 settings.register_profile(
     "hostile-ci", max_examples=80, stateful_step_count=60, deadline=None,
@@ -230,10 +235,10 @@ def build(spec: Spec) -> Any:
         depth, frozen = spec[1], spec[2]
         if frozen:
             return _deep_frozen(depth)
-        value: Any = []
+        nested: Any = []
         for _ in range(depth):
-            value = [value]
-        return value
+            nested = [nested]
+        return nested
     if kind == "message":
         return _message(spec)
     if kind == "literal":
@@ -598,6 +603,20 @@ def error_key(error: BaseException | None) -> tuple[str, str] | None:
     return (type(error).__name__, "")
 
 
+#: An input as `HostileInputs.apply` gives it: called with an agent and its value's maker.
+Call = Callable[[Any, Callable[[], Any]], Any]
+
+
+def failing(number: int) -> Call:
+    """The input failing effect *number* with the first of `ERRORS`."""
+    return lambda agent, _make: agent.fail(number, ERRORS[0])
+
+
+def chunking(number: int, chunk: dict[str, Any]) -> Call:
+    """The input streaming (a fresh copy of) *chunk* to model effect *number*."""
+    return lambda agent, _make: agent.chunk(number, dict(chunk))
+
+
 class HostileInputs(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -629,8 +648,7 @@ class HostileInputs(RuleBasedStateMachine):
 
     # -- applying one input to the three agents ------------------------------------
 
-    def apply(self, what: str, call: Callable[[Any, Callable[[], Any]], Any],
-              spec: Spec | None) -> None:
+    def apply(self, what: str, call: Call, spec: Spec | None) -> None:
         """Give the input to A and M (each its own build of *spec*), and to B if A accepted
         it. Only typed errors may escape, and A and M must agree."""
         self.steps.append(what)
@@ -819,8 +837,7 @@ class HostileInputs(RuleBasedStateMachine):
             if tries == 1:
                 self.answer_well(effect, calls)
             elif tries == 2:
-                self.apply(f"raise {effect.kind}",
-                           lambda agent, _make, n=effect.id: agent.fail(n, ERRORS[0]), None)
+                self.apply(f"raise {effect.kind}", failing(effect.id), None)
             else:
                 return
             calls = calls and effect.kind != "model"
@@ -840,8 +857,7 @@ class HostileInputs(RuleBasedStateMachine):
                       {"type": "tool-call", "id": "t2", "name": "exc", "arguments": '{"a": 1}'}]
                      if calls else [{"type": "text", "text": "done"}])
             for chunk in [*reply, {"type": "finish", "kind": "stop"}]:
-                self.apply("chunk", lambda agent, _make, c=chunk: agent.chunk(number, dict(c)),
-                           None)
+                self.apply("chunk", chunking(number, chunk), None)
             self.apply("end", lambda agent, _make: agent.end(number), None)
             return
         verb, answer = DEFAULTS.default(effect)     # type: ignore[misc]
@@ -900,7 +916,7 @@ class HostileInputs(RuleBasedStateMachine):
             if effect is None:
                 break
             number = effect.id
-            self.apply("raise", lambda agent, _make, n=number: agent.fail(n, ERRORS[0]), None)
+            self.apply("raise", failing(number), None)
             self.pull(10_000)
         assert self.a.disposed and self.b.disposed and self.m.disposed, "dispose() did not complete"
         self.monitor.poll(quiet=True)
@@ -930,6 +946,7 @@ def waiting_on(agent: Any, kind: str) -> int:
     """Run a well-formed prompt, answering by default, until *agent* waits on *kind*."""
     agent.followup({"id": "m1", "role": "user", "content": [], "source": {"kind": "user"}})
     effects: dict[int, Effect] = {}
+    number: int
     for _ in range(100):
         while (output := agent.next_output()) is not None:
             if isinstance(output, Effect):

@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 import pytest
-from scenario_helpers import Scenario
+from scenario_helpers import Scenario, arr, at, obj
 
 from machine.core import AgentCore
 from machine.errors import InvariantError, NotJsonCompatibleError, ValidationError
@@ -183,7 +183,7 @@ def test_V2_containers_never_hold_what_a_hand_built_list_smuggles_in() -> None:
     with pytest.raises(NotJsonCompatibleError):
         FrozenList([bad])
     rebuilt = FrozenDict({"a": tuple.__new__(FrozenList, [[1, 2]])})
-    assert type(rebuilt["a"][0]) is FrozenList and rebuilt == {"a": [[1, 2]]}
+    assert type(arr(rebuilt["a"])[0]) is FrozenList and rebuilt == {"a": [[1, 2]]}
     assert depth_of(tuple.__new__(FrozenList, [object()])) == -1
 
 
@@ -288,8 +288,8 @@ def test_V6_P6_a_reused_chunk_dict_logs_each_chunk_as_it_was_given(agent_type: t
                       {"type": "text", "text": "gamma"}, {"type": "usage", "usage": {"tokens": 3}},
                       {"type": "finish", "kind": "stop"}]
     (assistant,) = [e for e in events if e.type == "assistant/message"]
-    assert thaw(assistant.data["message"]["content"]) == [{"type": "text",
-                                                          "text": "alphabetagamma"}]
+    assert thaw(at(assistant.data, "message", "content")) == [{"type": "text",
+                                                              "text": "alphabetagamma"}]
     assert thaw(assistant.data["usage"]) == {"tokens": 3}
     (header,) = [e for e in events if e.type == "request/header"]
     assert thaw(header.data["header"]) == {"config": {"provider": "p", "model": "m"}}
@@ -322,7 +322,7 @@ def test_V6_P6_a_tool_result_reused_and_mutated_after_resolve() -> None:
     s.followup("go")
     s.run()
     (tool_result,) = s.of("tool/result")
-    block = tool_result.data["message"]["content"][0]
+    block = obj(at(tool_result.data, "message", "content", 0))
     assert thaw(block["content"]) == [{"type": "text", "text": "first"}]
     assert "isError" not in block
     s.check()
@@ -417,7 +417,7 @@ def test_V23_every_string_field_refuses_lone_surrogates() -> None:
     with pytest.raises(NotJsonCompatibleError, match=r"failure\.message"):
         LlmFailure("\ud800", "CODE")
     with pytest.raises(NotJsonCompatibleError, match=r"event\.type"):
-        Event("x/\ud800", 0, 0, {})
+        Event("x/\ud800", 0, 0, FrozenDict())
     with pytest.raises(InvariantError, match="L3"):
         SessionLog().commit("x-ext/marker", {"s": "\ud800"})
     with pytest.raises(ValidationError):
@@ -515,5 +515,5 @@ def test_V6_P6_RT5_a_model_adapter_reusing_one_dict_through_the_runtime() -> Non
     chunks = [thaw(e.data["chunk"]) for e in events if e.type == "assistant/chunk"]
     assert [c.get("text") for c in chunks] == ["alpha", "beta", "gamma", None]
     (assistant,) = [e for e in events if e.type == "assistant/message"]
-    assert thaw(assistant.data["message"]["content"]) == [{"type": "text",
-                                                          "text": "alphabetagamma"}]
+    assert thaw(at(assistant.data, "message", "content")) == [{"type": "text",
+                                                              "text": "alphabetagamma"}]

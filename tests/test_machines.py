@@ -322,8 +322,8 @@ def test_R16_2_clear_returns_steering_and_contexts_each_in_fifo_order() -> None:
     assert box.clear() == ([], [])
     for name, steering in (("c1", False), ("s1", True), ("c2", False), ("s2", True), ("c3", False)):
         box.stage(msg(name), steering)
-    steering, contexts = box.clear()
-    assert [m.id for m in steering] == ["s1", "s2"]
+    steered, contexts = box.clear()
+    assert [m.id for m in steered] == ["s1", "s2"]
     assert [m.id for m in contexts] == ["c1", "c2", "c3"]
     assert (box.state, len(box), box.steering_count) == ("empty", 0, 0)
 
@@ -354,8 +354,9 @@ def test_R4_3_the_window_opens_at_claim_and_closes_at_end_of_run_or_rejection() 
 
 def test_R4_2_lifecycle_busy_spans_the_running_interval() -> None:
     life = Lifecycle()
-    path = ["request_wake", "claim", "admit", "begin_step", "assemble", "request", "stream",
-            "run_tools", "end_step", "stop_turn", "close", "flush", "go_idle"]
+    path: list[lifecycle.Trigger] = [
+        "request_wake", "claim", "admit", "begin_step", "assemble", "request", "stream",
+        "run_tools", "end_step", "stop_turn", "close", "flush", "go_idle"]
     busy = []
     for trigger in path:
         life.fire(trigger)
@@ -422,8 +423,8 @@ def test_R11_1_outbox_state_and_order_match_a_plain_list(ops: list[str]) -> None
                 with pytest.raises(TransitionError):
                     box.take()
         else:
-            steering, contexts = box.clear()
-            assert [m.id for m in steering] == [i for i, s in model if s]
+            steered, contexts = box.clear()
+            assert [m.id for m in steered] == [i for i, s in model if s]
             assert [m.id for m in contexts] == [i for i, s in model if not s]
             model.clear()
         assert box.snapshot() == tuple(model)

@@ -43,7 +43,7 @@ from machine.runtime import (
     calls_reply,
     text_reply,
 )
-from machine.testing import interleavings
+from machine.testing import Interleaving, interleavings
 from machine.vocabulary import Message, plugin_source, user_message
 
 
@@ -118,8 +118,9 @@ def test_E5_every_durable_event_has_its_view_and_only_its_own(event: Event) -> N
     if event.type not in DURABLE_VIEWS:
         assert view == ExtensionData(event.type, event.data)
         return
-    assert event.type == type(view).TYPE  # type: ignore[union-attr]
-    assert event.data_as(type(view)) == view  # type: ignore[arg-type]
+    assert not isinstance(view, ExtensionData)
+    assert event.type == type(view).TYPE
+    assert event.data_as(type(view)) == view
     other = TurnEndData if event.type != "turn/end" else TurnStartData
     with pytest.raises(ValidationError, match=f"has no {other.__name__}"):
         event.data_as(other)
@@ -128,8 +129,9 @@ def test_E5_every_durable_event_has_its_view_and_only_its_own(event: Event) -> N
 @pytest.mark.parametrize("notice", NOTICES, ids=lambda n: n.type)
 def test_E5_every_notification_has_its_view(notice: LiveEvent) -> None:
     view = notice.view
-    assert notice.type == type(view).TYPE  # type: ignore[union-attr]
-    assert notice.payload_as(type(view)) == view  # type: ignore[arg-type]
+    assert not isinstance(view, ExtensionData)
+    assert notice.type == type(view).TYPE
+    assert notice.payload_as(type(view)) == view
     with pytest.raises(ValidationError, match="has no TurnEndData"):
         notice.payload_as(TurnEndData)
 
@@ -177,11 +179,11 @@ def test_E5_views_give_typed_fields() -> None:
 
 def test_E5_a_view_names_a_missing_or_mistyped_field() -> None:
     with pytest.raises(ValidationError, match=r"data\.turn: is missing"):
-        Event("turn/end", 0, 0, {"reason": {"kind": "completed"}}).view  # noqa: B018
+        Event("turn/end", 0, 0, FrozenDict({"reason": {"kind": "completed"}})).view  # noqa: B018
     with pytest.raises(ValidationError, match=r"data\.step: must be an integer"):
-        Event("step/start", 0, 0, {"turn": 1, "step": "one"}).view  # noqa: B018
+        Event("step/start", 0, 0, FrozenDict({"turn": 1, "step": "one"})).view  # noqa: B018
     with pytest.raises(ValidationError, match=r"payload\.text"):
-        LiveEvent("agent/warning", {}).view  # noqa: B018
+        LiveEvent("agent/warning", FrozenDict()).view  # noqa: B018
 
 
 FAST = settings(max_examples=25, deadline=None, database=None,
@@ -190,8 +192,8 @@ FAST = settings(max_examples=25, deadline=None, database=None,
 
 @FAST
 @given(interleavings())
-def test_E5_every_event_of_random_runs_decodes(run: object) -> None:
-    driver = run.run()  # type: ignore[attr-defined]
+def test_E5_every_event_of_random_runs_decodes(run: Interleaving) -> None:
+    driver = run.run()
     for output in driver.outputs:
         if isinstance(output, Durable | Live):
             output.event.view  # noqa: B018  (raises if a shape does not decode)
@@ -217,7 +219,7 @@ def test_V22_frozen_values_print_readably_and_thaw_to_fresh_plain_data() -> None
 
 
 def test_V22_json_dumps_with_json_default_encodes_frozen_and_library_values() -> None:
-    event = Event("turn/end", 3, 1.5, {"turn": 1, "reason": {"kind": "completed"}})
+    event = Event("turn/end", 3, 1.5, FrozenDict({"turn": 1, "reason": {"kind": "completed"}}))
     text = json.dumps({"event": event, "data": event.data, "list": FrozenList([1, 2]),
                        "message": user_message("m", "hi")}, default=json_default)
     assert json.loads(text) == {
@@ -231,11 +233,11 @@ def test_V22_json_dumps_with_json_default_encodes_frozen_and_library_values() ->
 
 
 def test_V22_events_and_notices_print_their_data_plainly() -> None:
-    event = Event("steering/message", 7, 2, {"turn": 1, "message": user_message(
-        "s", "go").to_json()}, "append", [5])
+    event = Event("steering/message", 7, 2, FrozenDict({"turn": 1, "message": user_message(
+        "s", "go").to_json()}), "append", FrozenList([5]))
     assert repr(event) == ("Event(seq=7, type='steering/message', data={'turn': 1, 'message': "
                            "{'id': 's', 'role': 'user', 'content': [{'type': 'text', 'text': "
                            "'go'}], 'source': {'kind': 'user'}}}, surface_op='append', "
                            "source_event_seqs=[5], time=2)")
-    assert repr(LiveEvent("agent/status", {"status": "idle"})) == \
+    assert repr(LiveEvent("agent/status", FrozenDict({"status": "idle"}))) == \
         "LiveEvent('agent/status', {'status': 'idle'})"

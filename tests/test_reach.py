@@ -159,8 +159,11 @@ def test_families_of_a_parallel_pool_larger_than_its_limit() -> None:
 
 def test_families_of_two_cancels_of_one_turn_and_a_keep_inbox_cancel() -> None:
     run = Metered()
-    run.acts.append(once(is_("{step}"), lambda r: (r.command(Cancel({"kind": "user"})),
-                                                   r.command(Cancel({"kind": "parent"})))))
+
+    def cancel_twice(r: Metered) -> None:
+        r.command(Cancel({"kind": "user"}))
+        r.command(Cancel({"kind": "parent"}))
+    run.acts.append(once(is_("{step}"), cancel_twice))
     run.command(Send(msg("go"), {"target": "next-turn", "wakeup": True}))
     run.run()
     assert {"R16", "R16.3", "R15.1"} <= run.families.reached

@@ -38,10 +38,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
-from scenario_helpers import L, Scenario, msg, result_with_contexts
+from scenario_helpers import L, Scenario, at, integer, msg, result_with_contexts
 
 from machine.errors import DisposedError
-from machine.io import Control, Effect
+from machine.io import Control, Effect, Output
+from machine.jsonvalue import JsonLike
 from machine.scripted import calls_reply, model_failure, ok_result, text_reply
 
 COMMANDS = ("steer", "inject", "followup", "cancel", "dispose")
@@ -345,8 +346,17 @@ def streaming_cells(aborted_prefix: str) -> dict[str, X]:
     }
 
 
+def fire_at_abort(output: Output, fire: Callable[[], None]) -> None:
+    """Call *fire* at an ``abort`` control output."""
+    if isinstance(output, Control) and output.kind == "abort":
+        fire()
+
+
 def drive_model_call(s: Scenario, fire: Callable[[], None], _q: bool) -> None:
-    s.handle("model", lambda _e: (fire(), text_reply("ok"))[1], times=1)
+    def reply(_e: Effect) -> list[JsonLike]:
+        fire()
+        return text_reply("ok")
+    s.handle("model", reply, times=1)
     go(s)
 
 
@@ -754,7 +764,7 @@ def hanging_then_cancel(*, keep: bool = False, stage: Callable[[Scenario], None]
             stage(s)
             s.run()
         if on_control:
-            s.on_output(lambda o: isinstance(o, Control) and o.kind == "abort" and fire())
+            s.on_output(lambda o: fire_at_abort(o, fire))
         else:
             s.observe(watch, lambda _p: fire(), once=True)
         s.cancel("user", keep_inbox=keep)
@@ -775,11 +785,11 @@ def idle_then_cancel(watch: str) -> Callable[..., None]:
 
 def reason_is(kind: str) -> Callable[[Scenario], None]:
     def check(s: Scenario) -> None:
-        signal = s.requests[0].payload["signal"]
+        signal = integer(s.requests[0].payload["signal"])
         reason = s.core.signal_reason(signal)
         assert reason is None or reason.kind == kind
         aborts = [o for o in s.outputs if isinstance(o, Control) and o.kind == "abort"]
-        assert [a.payload["reason"]["kind"] for a in aborts] == [kind]  # type: ignore[index]
+        assert [at(a.payload, "reason", "kind") for a in aborts] == [kind]
     return check
 
 
@@ -847,7 +857,7 @@ def drive_abort_in_batch(s: Scenario, fire: Callable[[], None], _q: bool) -> Non
     s.hold("tool-execute")
     go(s)
     execute = s.take("tool-execute")
-    s.on_output(lambda o: isinstance(o, Control) and o.kind == "abort" and fire())
+    s.on_output(lambda o: fire_at_abort(o, fire))
     s.cancel("user")
     s.run()
     s.core.resolve(execute.id, ok_result())
@@ -986,7 +996,7 @@ def test_R19_reentrancy_matrix(point: Point, command: str, cell: X) -> None:
     own = {"steer": "S", "followup": "F"}.get(command)
     if cell.placement is not None and own is not None:
         placements = [p["placement"] for p in s.live("agent/inbox/enqueue")
-                      if p["message"]["content"][0]["text"] == own]  # type: ignore[index]
+                      if at(p, "message", "content", 0, "text") == own]
         assert placements == [cell.placement]
     if cell.intervals is not None:
         assert s.statuses() == ["running", "idle"] * cell.intervals

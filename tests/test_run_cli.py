@@ -98,7 +98,7 @@ def user(id_: str, text: str = "hello", **source: Any) -> dict[str, Any]:
             "source": source or {"kind": "user"}}
 
 
-def script(*inputs: dict[str, Any], **config: Any) -> dict[str, Any]:
+def script(*inputs: object, **config: Any) -> dict[str, Any]:
     return {"version": 1, "config": config, "inputs": list(inputs)}
 
 

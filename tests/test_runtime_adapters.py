@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scenario_helpers import obj, string
 
 from machine.errors import ValidationError
 from machine.events import Event
+from machine.jsonvalue import thaw
 from machine.payloads import AssistantMessageData, ToolCallData, TurnEndData
 from machine.runtime import Agent, ModelAdapter, Tool, ToolCall, retry_request
 from machine.runtime.adapters.anthropic import SIGNATURE, AnthropicMessages, to_anthropic_messages
@@ -50,7 +52,7 @@ READ = Tool("read", _read, "parallel", "Read a file.",
 
 def converse(replies: Sequence[Reply], make: Callable[[FakeServer], ModelAdapter],
              prompts: Sequence[str] = ("hi",), *, tools: Sequence[Tool] = (READ,),
-             setup: Callable[[Agent], None] | None = None
+             setup: Callable[[Agent], object] | None = None
              ) -> tuple[list[Event], list[RecordedRequest]]:
     """Run *prompts* through an agent on *make(server)*; the log and the requests."""
     async def main() -> tuple[list[Event], list[RecordedRequest]]:
@@ -95,7 +97,7 @@ def failure_of(events: list[Event]) -> dict[str, Any]:
 
 def test_RT15_openai_streams_text_deltas_and_reports_usage_from_a_recorded_stream() -> None:
     events, requests = converse([Reply.from_file(SSE / "openai-text.sse")], openai)
-    chunks = [e.data["chunk"] for e in of(events, "assistant/chunk")]
+    chunks = [obj(e.data["chunk"]) for e in of(events, "assistant/chunk")]
     assert [c["text"] for c in chunks if c["type"] == "text"] == ["The file", " says hello", "."]
     message = of(events, "assistant/message")[0].data_as(AssistantMessageData)
     assert message.message.text == "The file says hello."
@@ -116,11 +118,11 @@ def test_RT15_openai_streams_text_deltas_and_reports_usage_from_a_recorded_strea
 
 def test_RT15_openai_maps_deepseek_reasoning_content_to_reasoning_chunks() -> None:
     events, _ = converse([Reply.from_file(SSE / "deepseek-reasoning.sse")], openai)
-    chunks = [e.data["chunk"] for e in of(events, "assistant/chunk")]
+    chunks = [obj(e.data["chunk"]) for e in of(events, "assistant/chunk")]
     assert [c["text"] for c in chunks if c["type"] == "reasoning"] == ["The user asks",
                                                                        " for 2+2."]
     message = of(events, "assistant/message")[0].data_as(AssistantMessageData)
-    assert [dict(b) for b in message.message.content] == [
+    assert [dict(obj(b)) for b in message.message.content] == [
         {"type": "reasoning", "text": "The user asks for 2+2."}, {"type": "text", "text": "4"}]
     assert message.usage == {"inputTokens": 12, "outputTokens": 9, "reasoningTokens": 7}
 
@@ -129,7 +131,7 @@ def test_RT15_openai_assembles_tool_call_deltas_and_sends_the_results_back() -> 
     events, requests = converse([Reply.from_file(SSE / "openai-tool-calls.sse"),
                                  openai_text("both read")], openai)
     calls = [e.data_as(ToolCallData) for e in of(events, "tool/call")]
-    assert [(c.call_id, c.name, c.arguments) for c in calls] == [
+    assert [(c.call_id, c.name, thaw(c.arguments)) for c in calls] == [
         ("call_Hk7q", "read", {"path": "a.txt"}), ("call_Zp3m", "read", {"path": "b.txt"})]
     second = requests[1].json["messages"]
     assert second[2] == {"role": "assistant", "content": None, "tool_calls": [
@@ -180,7 +182,7 @@ def test_RT15_openai_500_and_context_length_and_auth_are_classified() -> None:
 def test_RT15_openai_a_connection_dropped_mid_stream_is_stream_interrupted() -> None:
     events, _ = converse([openai_text("partial answer here", pieces=4).but(drop_after=3)],
                          openai)
-    texts = [e.data["chunk"]["text"] for e in of(events, "assistant/chunk")]
+    texts = [string(obj(e.data["chunk"])["text"]) for e in of(events, "assistant/chunk")]
     assert "".join(texts) == "partial an"               # what arrived is logged
     failure = failure_of(events)
     assert failure["code"] == "STREAM_INTERRUPTED" and "cut off" in failure["message"]
@@ -253,8 +255,8 @@ def test_RT15_openai_a_malformed_chunk_shape_is_a_malformed_response_and_nothing
     assert failure is not None and failure.to_json() == {
         "message": f"fakeai: malformed stream event: {says}", "code": "MALFORMED_RESPONSE"}
     assert not RetryPolicy().retryable(failure)
-    assert [e.data["trigger"]["kind"] for e in of(events, "turn/start")] == ["message"] * 2
-    chunks = [e.data["chunk"] for e in of(events, "assistant/chunk") if e.data["turn"] == 1]
+    assert [obj(e.data["trigger"])["kind"] for e in of(events, "turn/start")] == ["message"] * 2
+    chunks = [obj(e.data["chunk"]) for e in of(events, "assistant/chunk") if e.data["turn"] == 1]
     assert chunks == [{"type": "text", "text": "reading"}]
     assert [e.data_as(AssistantMessageData).message.text
             for e in of(events, "assistant/message")] == ["ok"]
@@ -292,7 +294,7 @@ def test_RT15_openai_fields_the_api_leaves_out_or_null_are_read_as_absent() -> N
     message = of(events, "assistant/message")[0].data_as(AssistantMessageData)
     assert message.message.text == "fine"
     assert message.usage == {"inputTokens": 7, "outputTokens": 3}
-    assert [(c.call_id, c.name, c.arguments) for c in
+    assert [(c.call_id, c.name, thaw(c.arguments)) for c in
             (e.data_as(ToolCallData) for e in of(events, "tool/call"))] == [
         ("t1", "read", {"path": "x"})]
 
@@ -331,7 +333,7 @@ def test_RT15_a_failure_is_retried_by_the_policy_as_a_new_turn() -> None:
         return OpenAIChat("m", base_url=server.openai_base_url, retry_policy=policy)
     events, requests = converse(replies, make,
                                 setup=lambda a: a.hooks.request_error.use(retry_request))
-    starts = [e.data["trigger"]["kind"] for e in of(events, "turn/start")]
+    starts = [obj(e.data["trigger"])["kind"] for e in of(events, "turn/start")]
     assert starts == ["message", "retry"]
     assert [e.reason.kind for e in ends(events)] == ["error", "completed"]
     assert len(requests) == 2 and requests[1].json["messages"][-1] == {"role": "user",
@@ -358,7 +360,7 @@ def test_RT15_cancel_gives_up_a_held_stream_at_once() -> None:
             return events
     events = asyncio.run(main())
     assert ends(events)[0].reason.kind == "aborted"
-    assert [e.data["chunk"]["text"] for e in of(events, "assistant/chunk")] == ["never"]
+    assert [obj(e.data["chunk"])["text"] for e in of(events, "assistant/chunk")] == ["never"]
 
 
 def test_RT15_reserved_and_invalid_options_are_refused() -> None:
@@ -377,7 +379,7 @@ def test_RT15_request_options_reach_the_body_and_the_header() -> None:
     events, requests = converse([openai_text("ok")], make)
     body = requests[0].json
     assert body["temperature"] == 0.2 and body["max_tokens"] == 64
-    header = of(events, "request/header")[0].data["header"]
+    header = obj(of(events, "request/header")[0].data["header"])
     assert header["config"] == {"provider": "openai", "model": "m", "temperature": 0.2,
                                 "max_tokens": 64}
 
@@ -391,7 +393,7 @@ def test_RT15_anthropic_streams_text_and_signed_thinking_from_a_recorded_stream(
     events, requests = converse([Reply.from_file(SSE / "anthropic-text.sse"),
                                  anthropic_text("again")], claude, prompts=("hi", "more"))
     message = of(events, "assistant/message")[0].data_as(AssistantMessageData)
-    assert [dict(b) for b in message.message.content] == [
+    assert [dict(obj(b)) for b in message.message.content] == [
         {"type": "reasoning", "text": "A greeting; answer briefly."},
         {"type": SIGNATURE, "signature": "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds"},
         {"type": "text", "text": "Hello! How can I help?"}]
@@ -409,8 +411,8 @@ def test_RT15_anthropic_assembles_tool_use_input_and_sends_tool_results() -> Non
     events, requests = converse([Reply.from_file(SSE / "anthropic-tools.sse"),
                                  anthropic_text("it says hello")], claude)
     call = of(events, "tool/call")[0].data_as(ToolCallData)
-    assert (call.call_id, call.name, call.arguments) == ("toolu_01T1x1fJ34qAmk2tNTrN7Up6",
-                                                        "read", {"path": "a.txt"})
+    assert (call.call_id, call.name, thaw(call.arguments)) == (
+        "toolu_01T1x1fJ34qAmk2tNTrN7Up6", "read", {"path": "a.txt"})
     messages = requests[1].json["messages"]
     assert messages[1]["content"][1] == {"type": "tool_use", "id": call.call_id,
                                          "name": "read", "input": {"path": "a.txt"}}
@@ -462,7 +464,7 @@ def test_RT15_anthropic_500_is_a_server_error_retried_by_the_policy_as_a_new_tur
                                         "code": "SERVER_ERROR", "status": 500,
                                         "requestId": "req_500"}
     assert RetryPolicy().retryable(failed.failure)
-    assert [e.data["trigger"]["kind"] for e in of(events, "turn/start")] == ["message", "retry"]
+    assert [obj(e.data["trigger"])["kind"] for e in of(events, "turn/start")] == ["message", "retry"]
     assert [e.reason.kind for e in ends(events)] == ["error", "completed"]
     assert [e.data_as(AssistantMessageData).message.text
             for e in of(events, "assistant/message")] == ["done"]
@@ -489,8 +491,8 @@ def test_RT15_anthropic_a_malformed_event_is_a_malformed_response_and_nothing_is
     assert failures[1].message == ("anthropic: malformed stream event: message_delta: delta is "
                                    "missing or not an object")
     assert not any(RetryPolicy().retryable(f) for f in failures)
-    assert [e.data["trigger"]["kind"] for e in of(events, "turn/start")] == ["message"] * 3
-    chunks = [e.data["chunk"] for e in of(events, "assistant/chunk") if e.data["turn"] == 1]
+    assert [obj(e.data["trigger"])["kind"] for e in of(events, "turn/start")] == ["message"] * 3
+    chunks = [obj(e.data["chunk"]) for e in of(events, "assistant/chunk") if e.data["turn"] == 1]
     assert [c["type"] for c in chunks] == ["text", "tool-call"]
     assert [e.data_as(AssistantMessageData).message.text
             for e in of(events, "assistant/message")] == ["ok"]

@@ -24,9 +24,10 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
+from scenario_helpers import at
 
 from machine.conformance.vectors import find_vectors
-from machine.core import AgentCore, CoreConfig
+from machine.core import AgentCore, CoreConfig, ToolMode
 from machine.io import Output
 from machine.jsonvalue import thaw
 from machine.runner import load_script, parse_script
@@ -64,7 +65,7 @@ def as_json(outputs: list[Output]) -> list[dict[str, Any]]:
     return [o.to_json() for o in outputs]
 
 
-def driver_for(*, tools: dict[str, str] | None = None, replies: list[Any] | None = None,
+def driver_for(*, tools: dict[str, ToolMode] | None = None, replies: list[Any] | None = None,
                advertise: list[dict[str, Any]] | None = None) -> Driver:
     """A core and scripted driver; *advertise* = the tool specs the runtime's header carries."""
     core = AgentCore(CoreConfig(request_options=SEED, tool_modes=tools or {}))
@@ -200,7 +201,7 @@ def test_C3_tool_contexts_come_after_all_results() -> None:
 
 
 def test_D5_aborted_parallel_group_does_not_run_the_exclusive_call() -> None:
-    modes = {"par": "parallel", "exc": "exclusive"}
+    modes: dict[str, ToolMode] = {"par": "parallel", "exc": "exclusive"}
     spec = [{"name": "par"}, {"name": "exc"}]
     replies = [calls_reply(("c1", "par"), ("c2", "par"), ("c3", "exc"))]
     d = driver_for(tools=modes, replies=replies, advertise=spec)
@@ -260,7 +261,7 @@ def test_E11_cancel_while_streaming_drops_the_queued_tail() -> None:
 
     async def scenario(agent: Agent) -> None:
         two = asyncio.Event()
-        agent.on("assistant/chunk", lambda e: two.set() if e.data["chunk"]["text"] == "b" else None)
+        agent.on("assistant/chunk", lambda e: two.set() if at(e.data, "chunk", "text") == "b" else None)
         agent.followup(msg("P", "go"))
         await two.wait()
         agent.followup(msg("T", "queued tail"))
@@ -294,7 +295,9 @@ class GatedStore(InMemorySink):
         self.gate = asyncio.Event()
         self.entered = asyncio.Event()
 
-    async def flush(self) -> None:
+    # An async flush over InMemorySink's synchronous one: the sink protocol (SessionSink)
+    # allows either, and the test keeps InMemorySink's bookkeeping.
+    async def flush(self) -> None:  # type: ignore[override]
         if self.flushes == 0:
             self.entered.set()
             await self.gate.wait()
@@ -302,7 +305,7 @@ class GatedStore(InMemorySink):
 
 
 class FailingStore(InMemorySink):
-    async def flush(self) -> None:
+    async def flush(self) -> None:  # type: ignore[override]  # as GatedStore's
         if self.flushes == 0:
             self.flushes += 1
             raise RuntimeError("disk unavailable")

@@ -11,6 +11,7 @@ import pytest
 
 from machine.errors import ValidationError
 from machine.events import Event
+from machine.jsonvalue import thaw
 from machine.payloads import TurnEndData
 from machine.runtime import (
     Agent,
@@ -50,7 +51,7 @@ def _reasons(events: list[Event]) -> list[str]:
 def _tool_result_text(events: list[Event]) -> str:
     """The text of the first tool/result: a failing tool stage is an error result (R10.12)."""
     result = next(e for e in events if e.type == "tool/result")
-    return str(result.data["message"]["content"][0]["content"][0]["text"])
+    return str(thaw(result.data["message"])["content"][0]["content"][0]["text"])
 
 
 def _error_text(events: list[Event]) -> str:
@@ -181,7 +182,10 @@ def test_RT18_an_exit_from_an_abort_listener_lets_every_abort_listener_run() -> 
     ran: list[str] = []
 
     async def waits(call: ToolCall) -> str:
-        call.signal.add_listener(lambda cause: (ran.append("first"), _raise()))
+        def first(_cause: object) -> None:
+            ran.append("first")
+            _raise()
+        call.signal.add_listener(first)
         call.signal.add_listener(lambda cause: ran.append("second"))
         await call.signal.wait()
         ran.append("woken")

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from scenario_helpers import at, obj, string
 
 from machine.runtime import (
     RETRY,
@@ -49,11 +50,11 @@ def msg(id_: str, text: str, plugin: str = "guard") -> dict[str, Any]:
 
 
 def texts(agent: Agent, *types: str) -> list[str]:
-    out = []
+    out: list[str] = []
     for e in agent.session.events:
         if e.type in types:
             message = e.data.get("message", e.data)
-            out.append(message["content"][0]["text"])
+            out.append(string(at(message, "content", 0, "text")))
     return out
 
 
@@ -147,11 +148,14 @@ def test_prompt_submit_allow_with_content_and_contexts_and_the_admission_signal(
         seen.append((submit.message.text, submit.signal))
         decision = await next_()
         assert isinstance(decision, Allow)
+        # The ignores below: `Allow` takes content and contexts in their JSON form (it
+        # validates and freezes them), but its fields are typed as the frozen values.
         return Allow(content=[{"type": "text", "text": submit.message.text.upper()}],  # type: ignore[arg-type]
-                     additional_contexts=(*decision.additional_contexts, msg("c2", "outer ctx")))
+                     additional_contexts=(*decision.additional_contexts,
+                                          msg("c2", "outer ctx")))  # type: ignore[arg-type]
 
     async def context(submit: PromptSubmit, next_: Next[PromptDecision]) -> PromptDecision:
-        return Allow(additional_contexts=(msg("c1", "inner ctx"),))  # type: ignore[arg-type]
+        return Allow(additional_contexts=(msg("c1", "inner ctx"),))  # type: ignore[arg-type]  # as above
 
     async def main() -> None:
         hooks = Hooks()
@@ -243,7 +247,7 @@ def test_a_raising_step_hook_fails_only_that_turn() -> None:
                     raise RuntimeError("step hook broke")
             agent.hooks.step.use(broken)
             errors: list[str] = []
-            agent.on("agent/error", lambda e: errors.append(e.payload["error"]["message"]))
+            agent.on("agent/error", lambda e: errors.append(string(obj(e.payload["error"])["message"])))
             agent.followup("one")
             agent.followup("two")
             await agent.when_idle()
@@ -295,8 +299,8 @@ def test_the_request_waterfall_changes_the_config_and_the_header_records_it() ->
             await agent.when_idle()
             headers = [e.data for e in agent.session.events if e.type == "request/header"]
             assert [h["reason"] for h in headers] == ["initial", "change"]
-            assert headers[0]["header"]["system"] == "be brief"
-            assert headers[0]["header"]["tools"] == [{"name": "noop"}]
+            assert obj(headers[0]["header"])["system"] == "be brief"
+            assert obj(headers[0]["header"])["tools"] == [{"name": "noop"}]
     run(main)
     assert [c["maxTokens"] for c in configs] == [1024, 2048]
 
@@ -317,7 +321,7 @@ def test_the_request_error_waterfall_can_ask_for_a_retry() -> None:
             await agent.when_idle()
             triggers = [e.data["trigger"] for e in agent.session.events if e.type == "turn/start"]
             assert triggers[1] == {"kind": "retry"}
-            reasons = [e.data["reason"]["kind"] for e in agent.session.events
+            reasons = [obj(e.data["reason"])["kind"] for e in agent.session.events
                        if e.type == "turn/end"]
             assert reasons == ["error", "completed"]
     run(main)
@@ -353,6 +357,7 @@ def test_a_hook_raising_its_own_cancelled_error_fails_the_turn_instead_of_hangin
             agent.hooks.step.use(awaits_a_cancelled_future)
             agent.followup("go")
             await agent.when_idle()
-            reason = next(e.data["reason"] for e in agent.session.events if e.type == "turn/end")
+            reason = obj(next(e.data["reason"] for e in agent.session.events
+                              if e.type == "turn/end"))
             assert reason["kind"] == "error" and reason["message"] == "CancelledError"
     run(main)

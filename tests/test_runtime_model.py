@@ -7,6 +7,8 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
+from scenario_helpers import at, obj
+
 from machine.runtime import (
     Agent,
     ModelCall,
@@ -46,9 +48,10 @@ def test_a_model_failure_carries_its_facts_to_the_log_and_the_settlement() -> No
 
 def test_an_error_finish_chunk_is_a_request_failure_and_other_raises_are_generic() -> None:
     async def main() -> None:
-        error_finish = [{"type": "text", "text": "par"},
-                        {"type": "finish", "kind": "error",
-                         "failure": {"message": "overloaded", "code": "OVERLOADED"}}]
+        error_finish: list[Chunk] = [{"type": "text", "text": "par"},
+                                     {"type": "finish", "kind": "error",
+                                      "failure": {"message": "overloaded",
+                                                  "code": "OVERLOADED"}}]
         async with Agent(ScriptedModel([error_finish, KeyError("boom")])) as agent:
             agent.followup("one")
             agent.followup("two")
@@ -87,7 +90,7 @@ class Watched:
 
 
 def test_an_invalid_chunk_releases_the_stream_and_the_runtime_closes_it() -> None:
-    adapter = Watched([{"type": "text", "text": "ok"}, {"type": "text", "text": 7}],  # type: ignore[dict-item]
+    adapter = Watched([{"type": "text", "text": "ok"}, {"type": "text", "text": 7}],
                       pause=0.001)
 
     async def main() -> None:
@@ -161,8 +164,8 @@ def test_an_adapter_may_prepare_the_header_and_gets_the_history() -> None:
             assert header == {"config": {"provider": "acme", "model": "acme-large"},
                               "system": "turn 1"}
             message = next(e.data for e in agent.session.events if e.type == "assistant/message")
-            assert message["message"]["source"] == {"kind": "model", "provider": "acme",
-                                                    "model": "acme-large"}
+            assert at(message, "message", "source") == {"kind": "model", "provider": "acme",
+                                                        "model": "acme-large"}
             assert message["usage"] == {"inputTokens": 5, "outputTokens": 1}
     run(main)
     call = adapter.calls[0]
@@ -177,7 +180,7 @@ def test_a_scripted_model_records_calls_and_can_pace_chunks() -> None:
         async with Agent(model) as agent:
             agent.followup("go")
             await agent.when_idle()
-            texts = [e.data["chunk"].get("text") for e in agent.session.events
+            texts = [obj(e.data["chunk"]).get("text") for e in agent.session.events
                      if e.type == "assistant/chunk"]
             assert texts[:3] == ["a ", "b ", "c"]
     run(main)

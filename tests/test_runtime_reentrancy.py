@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from scenario_helpers import at, string
+
 from machine.events import Event
-from machine.io import Control, Output
+from machine.io import Control, Durable, Live, Output
 from machine.runtime import (
     Agent,
     CancelCause,
@@ -37,11 +39,11 @@ def log(agent: Agent) -> list[str]:
         if e.type == "turn/start":
             out.append(f"TS{d['turn']}")
         elif e.type == "turn/end":
-            out.append(f"TE{d['turn']}:{d['reason']['kind']}")
+            out.append(f"TE{d['turn']}:{at(d, 'reason', 'kind')}")
         elif e.type == "user/message":
-            out.append(f"UM'{d['content'][0]['text']}'")
+            out.append(f"UM'{at(d, 'content', 0, 'text')}'")
         elif e.type == "steering/message":
-            out.append(f"STM{d['turn']}'{d['message']['content'][0]['text']}'")
+            out.append(f"STM{d['turn']}'{at(d, 'message', 'content', 0, 'text')}'")
         elif e.type in ("step/start", "step/end"):
             out.append(("SS" if e.type == "step/start" else "SE") + f"{d['turn']}.{d['step']}")
         elif e.type == "assistant/message":
@@ -49,13 +51,18 @@ def log(agent: Agent) -> list[str]:
     return out
 
 
+def output_name(output: Output) -> str:
+    """An output's event type, or its kind (an effect's, a control's)."""
+    return output.event.type if isinstance(output, (Durable, Live)) else output.kind
+
+
 def test_steer_from_a_turn_end_listener_becomes_the_next_queued_prompt() -> None:
     async def main() -> None:
         async with Agent(ScriptedModel([text_reply("one"), text_reply("two")])) as agent:
             placements: list[str] = []
             statuses: list[str] = []
-            agent.on("agent/inbox/enqueue", lambda e: placements.append(e.payload["placement"]))
-            agent.on("agent/status", lambda e: statuses.append(e.payload["status"]))
+            agent.on("agent/inbox/enqueue", lambda e: placements.append(string(e.payload["placement"])))
+            agent.on("agent/status", lambda e: statuses.append(string(e.payload["status"])))
 
             def late(event: Event) -> None:
                 if event.data["turn"] == 1:
@@ -111,8 +118,7 @@ def test_a_cancel_from_user_code_has_fully_taken_effect_when_it_returns() -> Non
             agent.hooks.step.use(step)
             agent.on("assistant/chunk", lambda e: streaming.set())
             seen: list[str] = []
-            agent.observe(lambda o: seen.append(getattr(getattr(o, "event", None), "type", None)
-                                                or getattr(o, "kind", "")))
+            agent.observe(lambda o: seen.append(output_name(o)))
             agent.followup("go")
             agent.followup("queued tail")
             await streaming.wait()
@@ -195,12 +201,12 @@ def test_cancel_from_an_assistant_message_listener_gives_synthetic_pairs() -> No
         model = ScriptedModel([calls_reply(("c1", "t"), ("c2", "t"))])
         async with Agent(model, tools=[Tool("t", body)]) as agent:
             agent.on("assistant/message", lambda e: agent.cancel("user"))
-            controls: list[Output] = []
+            controls: list[Control] = []
             agent.observe(lambda o: controls.append(o) if isinstance(o, Control) else None)
             agent.followup("go")
             await agent.when_idle()
             results = [e.data for e in agent.session.events if e.type == "tool/result"]
-            assert [r["error"]["code"] for r in results] == ["ABORTED_BEFORE_DISPATCH"] * 2
+            assert [at(r, "error", "code") for r in results] == ["ABORTED_BEFORE_DISPATCH"] * 2
             assert ran == [] and [c.kind for c in controls] == ["abort"]
     run(main)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scenario_helpers import at, integer
 
 from machine.events import Event
 from machine.log import validate_events
@@ -32,7 +33,7 @@ from machine.store.testing import sample_session, store_events
 
 
 def _turns(events: list[Event]) -> list[int]:
-    return [int(e.data["turn"]) for e in events if e.type == "turn/start"]
+    return [integer(e.data["turn"]) for e in events if e.type == "turn/start"]
 
 
 def _talk(agent: Agent, *prompts: str) -> list[Event]:
@@ -91,7 +92,7 @@ def test_RT17_a_crashed_session_is_repaired_reported_and_continued(
     assert "session s1 resumed after repair" in caplog.text
     assert "repair closer" in caplog.text
     events = _talk(agent, "still there?")
-    reasons = [e.data["reason"]["kind"] for e in events if e.type == "turn/end"]
+    reasons = [at(e.data, "reason", "kind") for e in events if e.type == "turn/end"]
     assert reasons[-2:] == ["interrupted", "completed"]
     assert _turns(events) == [1, 2, 3, 4]
 
@@ -179,9 +180,9 @@ def test_RT12_a_raising_sync_flush_is_reported_like_an_async_one(
 def test_RT12_the_old_store_names_still_work_with_a_deprecation_warning() -> None:
     import machine.runtime as runtime
     with pytest.warns(DeprecationWarning, match="SessionSink"):
-        assert runtime.SessionStore is SessionSink  # type: ignore[attr-defined]
+        assert runtime.SessionStore is SessionSink
     with pytest.warns(DeprecationWarning, match="InMemorySink"):
-        assert runtime.InMemorySessionStore is InMemorySink  # type: ignore[attr-defined]
+        assert runtime.InMemorySessionStore is InMemorySink
     sink = InMemorySink()
     with pytest.warns(DeprecationWarning, match="sink="):
         agent = Agent(ScriptedModel(), store=sink)
@@ -192,7 +193,7 @@ def test_RT12_the_old_store_names_still_work_with_a_deprecation_warning() -> Non
         warnings.simplefilter("ignore", DeprecationWarning)
         Agent(ScriptedModel(), store=sink, sink=InMemorySink())
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
-        runtime.Nope  # type: ignore[attr-defined]  # noqa: B018
+        runtime.Nope  # noqa: B018
 
 
 def test_RT12_a_persistent_session_releases_only_when_it_owns_the_session(

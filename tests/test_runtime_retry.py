@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from scenario_helpers import at
 
 from machine.core import AgentCore, CoreConfig
 from machine.errors import ValidationError
@@ -99,7 +100,7 @@ def _summary(events: list[Event]) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for event in events:
         if event.type == "turn/start":
-            out.append(("start", str(event.data["trigger"]["kind"])))
+            out.append(("start", str(at(event.data, "trigger", "kind"))))
         elif event.type == "turn/end":
             out.append(("end", event.data_as(TurnEndData).reason.kind))
     return out
@@ -195,5 +196,5 @@ def test_RT16_the_scripted_environment_hands_its_policy_too() -> None:
     core.followup(user_message("u1", "hi"))
     driver.run()
     assert seen == [(0, policy), (1, policy)]       # a retry, then the attempts are used up
-    assert [e.data["trigger"]["kind"] for e in core.log.events if e.type == "turn/start"] == [
+    assert [at(e.data, "trigger", "kind") for e in core.log.events if e.type == "turn/start"] == [
         "message", "retry"]

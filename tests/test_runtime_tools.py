@@ -7,6 +7,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from scenario_helpers import at, obj
+
 from machine.runtime import (
     Agent,
     RaisedError,
@@ -27,13 +29,14 @@ def run(main: Callable[[], Awaitable[None]]) -> None:
 
 
 def results(agent: Agent) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for e in agent.session.events:
         if e.type == "tool/result":
-            block = e.data["message"]["content"][0]
-            out.append({"id": block["toolCallId"], "text": block["content"][0]["text"],
+            block = obj(at(e.data, "message", "content", 0))
+            error = e.data.get("error")
+            out.append({"id": block["toolCallId"], "text": at(block, "content", 0, "text"),
                         "error": block.get("isError", False),
-                        "code": (e.data.get("error") or {}).get("code")})
+                        "code": obj(error).get("code") if error else None})
     return out
 
 

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import pytest
-from scenario_helpers import L, Scenario, msg, reply_text, result_with_contexts
+from scenario_helpers import L, Scenario, integer, msg, obj, reply_text, result_with_contexts
 
 from machine.errors import ValidationError
 from machine.io import Control, Effect
-from machine.jsonvalue import FrozenDict
+from machine.jsonvalue import FrozenDict, JsonLike, thaw
 from machine.scripted import calls_reply, ok_result
 
 
@@ -63,7 +64,7 @@ def _source_without_kind() -> dict[str, object]:
     return m
 
 
-INVALID_CALLS = {
+INVALID_CALLS: dict[str, tuple[Callable[[Scenario], object], str]] = {
     "a-inject-set": (lambda s: s.core.inject(_bad_inject_set()), "content"),
     "a-inject-nan": (lambda s: s.core.inject(_bad_inject_nan()), "content"),
     "b-inject-empty-id": (lambda s: s.core.inject(_empty_id()), "id"),
@@ -126,7 +127,7 @@ def test_B1_variant_plain_allow_records_the_snapshot_despite_mutation__R7_7_R1_7
     original = msg("original", id="m1")
     snapshot = FrozenDict(original)
     s.core.followup(original)
-    original["content"][0]["text"] = "mutated after followup"   # type: ignore[index]
+    original["content"][0]["text"] = "mutated after followup"
     s.run()
     original["source"] = {"kind": "plugin", "plugin": "mutated"}  # while admission is pending
     original["id"] = "m2"
@@ -174,24 +175,24 @@ def test_C2_variant_context_mutated_after_inject_during_a_held_tool_body_lands_a
     execute = s.take("tool-execute")
     notice = msg("mid-turn notice", "plugin:x")
     s.core.inject(notice)
-    notice["content"][0]["text"] = "MUTATED"   # type: ignore[index]
+    notice["content"][0]["text"] = "MUTATED"
     s.inject("second notice", "plugin:x")
     s.run()
-    assert [e for e in s.of("user/message") if e.data["source"]["kind"] == "plugin"] == []
+    assert [e for e in s.of("user/message") if obj(e.data["source"])["kind"] == "plugin"] == []
     s.core.resolve(execute.id, ok_result())
     s.run()
     assert s.log() == L(
         "TS(1, msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1; 'calling'+call c1) TC(1.1; c1) "
         "TR(1.1; c1; ok) UM('mid-turn notice'; plugin:x) UM('second notice'; plugin:x) SE(1.1) "
         "SS(1.2) CH… AM(1.2; 'done') SE(1.2) TE(1, completed)")
-    assert [e.data["trigger"]["kind"] for e in s.of("turn/start")] == ["message"]
+    assert [obj(e.data["trigger"])["kind"] for e in s.of("turn/start")] == ["message"]
     assert s.request(2)[-3:] == ["TR:c1", "'mid-turn notice';plugin:x", "'second notice';plugin:x"]
     s.check()
 
 
-def _ctx_finalize(*extra: str) -> object:
-    def finalize(effect: object) -> object:
-        call_id = effect.payload["callId"]  # type: ignore[attr-defined]
+def _ctx_finalize(*extra: str) -> Callable[[Effect], tuple[str, dict[str, JsonLike]]]:
+    def finalize(effect: Effect) -> tuple[str, dict[str, JsonLike]]:
+        call_id = effect.payload["callId"]
         contexts = [msg(f"ctx-{call_id}", "plugin:p")]
         if call_id == "c1":
             contexts += [msg(f"ctx-c1-{x}", "plugin:p") for x in extra]
@@ -224,12 +225,12 @@ def test_E1_variant_a_raising_cancel_observer_is_contained_and_the_next_still_ru
     seen: list[str] = []
 
     def first(payload: FrozenDict) -> None:
-        seen.append(f"first:{payload['cause']['kind']}")  # type: ignore[index]
+        seen.append(f"first:{obj(payload['cause'])['kind']}")
         s.followup("queued by cancel observer")
         raise RuntimeError("observer 1 failed")
 
     def second(payload: FrozenDict) -> None:
-        seen.append(f"second:{payload['cause']['kind']}")  # type: ignore[index]
+        seen.append(f"second:{obj(payload['cause'])['kind']}")
     s.observe("agent/cancel-requested", first, contained=True)
     s.observe("agent/cancel-requested", second)
     s.pump()
@@ -257,10 +258,10 @@ def test_E18a_variant_the_first_cause_is_a_detached_frozen_copy__R16_3() -> None
     cause["kind"] = "user"
     s.cancel("user")
     s.run()
-    signal = model.payload["signal"]
+    signal = integer(model.payload["signal"])
     reason = s.core.signal_reason(signal)
     assert reason is not None and reason.to_json() == {"kind": "parent"}
-    assert reason is not cause
+    assert reason is not cause  # type: ignore[comparison-overlap]  # what it states: not the caller's dict
     with pytest.raises(dataclasses.FrozenInstanceError):
         reason.kind = "user"  # type: ignore[misc]
     assert s.live_tokens("agent/cancel-requested") == ["cancel-req(parent)", "cancel-req(user)"]
@@ -320,8 +321,8 @@ def test_F12_variant_truncated_arguments_are_never_parsed_or_dispatched__R14_1()
     assert s.history() == ["'go'"]
     (am,) = s.of("assistant/message")
     assert set(am.data) == {"turn", "step", "message", "usage"}
-    assert (am.data["turn"], am.data["step"], am.data["usage"]) == (1, 1, usage)
-    assert am.data["message"]["content"] == []
+    assert (am.data["turn"], am.data["step"], thaw(am.data["usage"])) == (1, 1, usage)
+    assert obj(am.data["message"])["content"] == []
     s.check()
 
 
@@ -356,6 +357,6 @@ def test_H9_variant_a_non_json_source_is_refused_at_the_call__R5_1_D5() -> None:
         "TS(1, msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1; 'calling'+call c1) TC(1.1; c1) "
         "TR(1.1; c1; ok) SE(1.1) SS(1.2) CH… AM(1.2; 'done') SE(1.2) TE(1, completed)")
     assert len(refused) == 1 and isinstance(refused[0], ValueError)
-    assert [e for e in s.of("user/message") if e.data["source"]["kind"] == "plugin"] == []
+    assert [e for e in s.of("user/message") if obj(e.data["source"])["kind"] == "plugin"] == []
     assert s.live("agent/error") == [] and len(s.requests) == 2
     s.check()

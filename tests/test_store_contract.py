@@ -9,6 +9,7 @@ import pytest
 
 from machine.errors import InvariantError, ValidationError
 from machine.events import Event
+from machine.jsonvalue import FrozenDict
 from machine.log import validate_events
 from machine.store import (
     JsonlStore,
@@ -129,7 +130,7 @@ def test_S5_append_checks_seq_and_invariants_before_writing(make_store: Factory)
     store_events(store, "s1", events[:3])
     with pytest.raises(InvariantError, match=r"\[L1\].*expected seq 3, got 4"):
         store.append("s1", events[4])
-    bad = Event("step/start", 3, 0, {"turn": 9, "step": 1})
+    bad = Event("step/start", 3, 0, FrozenDict({"turn": 9, "step": 1}))
     with pytest.raises(InvariantError, match="L5"):
         store.append("s1", bad)
     with pytest.raises(ValidationError):

@@ -119,7 +119,7 @@ def test_random_byte_flips(flips: list[tuple[int, int]]) -> None:
             write(path, bytes(damaged))
             with JsonlStore(root, fsync=False) as store:
                 try:
-                    result = store.load("s", mode)  # type: ignore[arg-type]
+                    result = store.load("s", mode)
                 except DamageError as error:
                     assert mode == "strict" and error.damage
                     continue

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from machine.events import Event
+from machine.jsonvalue import FrozenDict
 from machine.log import validate_events
 from machine.store import (
     DamageError,
@@ -23,7 +24,6 @@ from machine.store import (
     StoreWriteError,
     UnsupportedFormatError,
 )
-from machine.store import jsonl as jsonl_module
 from machine.store.base import BaseStore
 from machine.store.codec import canonical, event_bytes, header_uid, record_crc
 from machine.store.jsonl import encode_record, parse_jsonl
@@ -39,7 +39,7 @@ MIDDLE = 5
 
 def bad_event(seq: int) -> Event:
     """A well-formed record whose event breaks the invariants (a step outside any turn)."""
-    return Event("step/start", seq, 0, {"turn": 99, "step": 1})
+    return Event("step/start", seq, 0, FrozenDict({"turn": 99, "step": 1}))
 
 
 class Jsonl:
@@ -193,7 +193,7 @@ class Postgres:
         import psycopg
         with psycopg.connect(self.conninfo, autocommit=True) as db:
             db.execute(f"SET search_path = {self.schema}")
-            cursor = db.execute(statement.replace("?", "%s"), args)  # type: ignore[arg-type]
+            cursor = db.execute(statement.replace("?", "%s"), args)
             return cursor.fetchall() if cursor.description else []
 
     def _set(self, index: int, raw: bytes) -> None:
@@ -447,7 +447,7 @@ def test_S9_unsupported_format_versions_are_refused_even_in_salvage(jsonl: Jsonl
     jsonl.path.write_bytes(b"".join(lines))
     for mode in ("strict", "salvage"):
         with jsonl.store() as store, pytest.raises(UnsupportedFormatError):
-            store.load(SESSION, mode)  # type: ignore[arg-type]
+            store.load(SESSION, mode)
 
 
 def test_S13_salvage_keeps_the_damaged_original_aside(jsonl: Jsonl) -> None:
@@ -517,11 +517,11 @@ def test_S5_a_failed_append_leaves_nothing_behind(tmp_path: Path,
             return real_write(fd, bytes(data)[:10])  # a short write...
         raise OSError(28, "No space left on device")  # ...then the disk is full
 
-    monkeypatch.setattr(jsonl_module.os, "write", half_then_fail)
+    monkeypatch.setattr("machine.store.jsonl.os.write", half_then_fail)
     with pytest.raises(StoreFullError, match="No space left") as raised:
         store.append(SESSION, EVENTS[3])
     assert raised.value.recovered
-    monkeypatch.setattr(jsonl_module.os, "write", real_write)
+    monkeypatch.setattr("machine.store.jsonl.os.write", real_write)
     assert (tmp_path / f"{SESSION}.jsonl").stat().st_size == size  # the partial record is gone
     store.append(SESSION, EVENTS[3])  # and the session goes on
     store.close()
@@ -536,8 +536,8 @@ def test_S5_an_unrecoverable_write_failure_stops_appends(tmp_path: Path,
     def fail(*_: Any) -> int:
         raise OSError(5, "I/O error")
 
-    monkeypatch.setattr(jsonl_module.os, "write", fail)
-    monkeypatch.setattr(jsonl_module.os, "ftruncate", fail)
+    monkeypatch.setattr("machine.store.jsonl.os.write", fail)
+    monkeypatch.setattr("machine.store.jsonl.os.ftruncate", fail)
     with pytest.raises(StoreWriteError) as raised:
         store.append(SESSION, EVENTS[3])
     assert not raised.value.recovered

@@ -42,6 +42,7 @@ def make(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[
         elif kind == "sqlite":
             store = SqliteStore(tmp_path / "s.db", fsync=False)
         else:
+            assert postgres is not None
             store = postgres()
         opened.append(store)
         return store

@@ -186,7 +186,7 @@ def test_S30_unknown_versions_are_refused_in_every_mode(tmp_path: Path) -> None:
     for mode in ("strict", "salvage"):
         with JsonlStore(root) as store, pytest.raises(UnsupportedFormatError,
                                                       match="reads versions 1, 2"):
-            store.load("s", mode)  # type: ignore[arg-type]
+            store.load("s", mode)
 
 
 def test_S13_a_salvaged_header_keeps_the_uid_it_still_names(tmp_path: Path) -> None:
@@ -420,7 +420,8 @@ def _read_only_connect(monkeypatch: pytest.MonkeyPatch) -> None:
     real = sqlite3.connect
 
     def connect(path: Any, *args: Any, **kwargs: Any) -> sqlite3.Connection:
-        return real(f"file:{path}?mode=ro", *args, uri=True, **kwargs)
+        connection: sqlite3.Connection = real(f"file:{path}?mode=ro", *args, uri=True, **kwargs)
+        return connection
 
     monkeypatch.setattr(sqlite3, "connect", connect)
 

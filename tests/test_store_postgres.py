@@ -25,6 +25,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from scenario_helpers import at, string
 
 from machine.errors import ValidationError
 from machine.log import validate_events
@@ -125,7 +126,8 @@ def test_S23_a_url_and_a_connection_string_reach_the_same_sessions(
     by_string = postgres_store()
     store_events(by_string, "s1", BALANCED)
     by_string.close()
-    with PostgresStore(postgres.url, schema=pg_schema) as by_url:
+    by_url = PostgresStore(postgres.url, schema=pg_schema)
+    with by_url:
         assert by_url.list_sessions() == ["s1"]
         assert list(by_url.load("s1").events) == BALANCED
         assert by_url.where.endswith(f"/postgres?schema={pg_schema}")
@@ -479,7 +481,7 @@ def test_S26_two_hosts_racing_to_append_never_interleave(
     assert validate_events(events) is None and scan(events).open_turn is None
     assert [e.type for e in events] == ["turn/start", "user/message", "turn/end"] * 2 * rounds
     assert all(e.data["reason"] == {"kind": "completed"} for e in events if e.type == "turn/end")
-    texts = [e.data["content"][0]["text"] for e in events if e.type == "user/message"]
+    texts = [string(at(e.data, "content", 0, "text")) for e in events if e.type == "user/message"]
     assert sorted(texts) == sorted(f"{h}-{n}" for h in "ab" for n in range(rounds))
 
 
@@ -798,11 +800,14 @@ def test_S28_no_psycopg_exception_escapes_with_the_server_gone(
     store_events(store, "s2", BALANCED[:3])
     postgres.stop("immediate")
     try:
+        def append_and_flush() -> None:
+            store.append("s1", BALANCED[9])
+            store.flush("s1")
         calls: list[tuple[str, Callable[[], object]]] = [
             ("create", lambda: store.create("s3")), ("load", lambda: store.load("other")),
             ("inspect", lambda: store.inspect("other")), ("info", lambda: store.info("other")),
             ("list", store.list_sessions), ("fork", lambda: store.fork("s1", 8, "kid")),
-            ("flush", lambda: (store.append("s1", BALANCED[9]), store.flush("s1"))),
+            ("flush", append_and_flush),
             ("close", store.close),  # s1's unflushed event cannot be stored
         ]
         for name, call in calls:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from scenario_helpers import at, obj
 
 from machine.events import Event
 from machine.jsonvalue import thaw
@@ -77,7 +78,7 @@ def test_unrecorded_call_gets_not_started_without_provenance() -> None:
         assert result.source_event_seqs is None
         assert thaw(result.data["error"]) == {"name": "ToolNotStartedError",
                                               "code": "TOOL_NOT_STARTED"}
-        message = result.data["message"]
+        message = obj(result.data["message"])
         assert message["id"] == f"interrupted-tool-result-{call_id}-{result.seq}"
         assert thaw(message["content"])[0]["content"] == [{"type": "text",
                                                            "text": NOT_STARTED_TEXT}]
@@ -88,9 +89,9 @@ def test_results_follow_assistant_content_order_not_call_order() -> None:
     b, _ = open_step_with_calls(recorded=("c2",))  # c2 started first, c1 never
     events = b.events
     added = closers(events)
-    assert [e.data["message"]["source"]["callId"] for e in added[:2]] == ["c1", "c2"]
-    assert added[0].data["error"]["code"] == "TOOL_NOT_STARTED"
-    assert added[1].data["error"]["code"] == "TOOL_OUTCOME_UNKNOWN"
+    assert [at(e.data, "message", "source", "callId") for e in added[:2]] == ["c1", "c2"]
+    assert at(added[0].data, "error", "code") == "TOOL_NOT_STARTED"
+    assert at(added[1].data, "error", "code") == "TOOL_OUTCOME_UNKNOWN"
     check_balanced(events, added)
 
 
@@ -170,7 +171,7 @@ def test_the_sample_tail_gets_the_documented_closers() -> None:
     events = sample_session()
     added = closers(events)
     assert kinds(added) == ["tool/result", "tool/result", "step/end", "turn/end"]
-    assert [e.data["error"]["code"] for e in added[:2]] == ["TOOL_OUTCOME_UNKNOWN",
+    assert [at(e.data, "error", "code") for e in added[:2]] == ["TOOL_OUTCOME_UNKNOWN",
                                                             "TOOL_NOT_STARTED"]
     check_balanced(events, added)
     SessionLog(events + list(added))  # a valid seed

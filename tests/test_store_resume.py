@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scenario_helpers import at
 
 from machine import events as ev
 from machine.core import AgentCore, CoreConfig
@@ -42,6 +43,7 @@ def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
         elif request.param == "sqlite":
             store = SqliteStore(tmp_path / "s.db")
         else:
+            assert postgres is not None
             store = postgres(fsync=True)
         opened.append(store)
         return store
@@ -123,7 +125,7 @@ def test_resume_after_an_interrupted_turn(tmp_path: Path) -> None:
     core = resume_core(store2, "s", CONFIG)
     seeded = list(core.log.events)
     assert [e.type for e in seeded[-3:]] == [ev.TOOL_RESULT, ev.STEP_END, ev.TURN_END]
-    assert seeded[-3].data["error"]["code"] == "TOOL_OUTCOME_UNKNOWN"
+    assert at(seeded[-3].data, "error", "code") == "TOOL_OUTCOME_UNKNOWN"
     assert seeded[-1].data["reason"] == {"kind": "interrupted"}
     second = persisted(store2, "s", core, [text_reply("three")])
     core.followup(user_message("p3", "again"))

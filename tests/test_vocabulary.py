@@ -572,10 +572,10 @@ def test_V5_the_id_is_kept_as_given() -> None:
 
 def test_V5_tool_result_message_is_not_an_error_by_default() -> None:
     message = tool_result_message("r1", "c1", [{"type": "text", "text": "x"}])
-    (block,) = message.to_json()["content"]  # type: ignore[misc]
+    (block,) = message.to_json()["content"]
     assert "isError" not in block
     flagged = tool_result_message("r2", "c1", [], is_error=True)
-    assert flagged.to_json()["content"][0]["isError"] is True  # type: ignore[index]
+    assert flagged.to_json()["content"][0]["isError"] is True
 
 
 # --------------------------------------------------------------------------------------------
