@@ -45,9 +45,6 @@ EXEMPT = {
     "R4.11": "the couplings of the machine's one explicit CoreState (machine.core.state, "
              "coupling_problems): a statement about how the machine holds its state; the "
              "model keeps plain flags and is compared with the machine by its outputs",
-    "R4.10": "the machine's loop as frames (machine.core.records.Frame); the model's own "
-             "explicit loop state lands separately (issue 17)",
-    "R4.12": "AgentCore.snapshot/restore; the model's copy lands separately (issue 17)",
 }
 
 
