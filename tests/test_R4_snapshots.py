@@ -1,5 +1,5 @@
-"""Snapshots of a core (specs/core.md R4.12, `AgentCore.snapshot`/`restore`/`copy`) and the
-log's marks and forks they rest on (specs/log.md L15)."""
+"""Snapshots of a core (specs/core.md R4.12, `AgentCore.snapshot`/`restore`/`copy`); the
+log's marks and forks they rest on (L15) are tested with the log, in tests/test_log.py."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from machine.conformance.checker import run_vector
 from machine.conformance.subjects import LocalSubject
 from machine.conformance.vectors import find_vectors, load_vector
 from machine.core import AgentCore, CoreConfig, CoreSnapshot
-from machine.io import Durable, Effect, Output, Resolve, Send
+from machine.io import Durable, Effect, Output, Send
 from machine.jsonvalue import JsonLike
-from machine.log import SessionLog
 from machine.vocabulary import FOLLOWUP
 
 CORPUS = Path(__file__).resolve().parent.parent / "specs" / "conformance" / "vectors"
@@ -185,52 +184,3 @@ def test_R4_12_the_log_is_not_part_of_what_a_snapshot_copies() -> None:
     snapshot = core.snapshot()
     assert snapshot.log_length == len(core.log)
     assert snapshot._log is core.log                 # by reference, up to its length
-
-
-# ---------------------------------------------------------------------------
-# L15: marks and forks of a session log
-# ---------------------------------------------------------------------------
-
-
-def test_L15_a_fork_at_a_mark_holds_the_events_and_checker_state_there() -> None:
-    log = SessionLog()
-    log.append("turn/start", {"turn": 1, "trigger": {"kind": "retry"}})
-    log.append("step/start", {"turn": 1, "step": 1})
-    mark = log.mark()
-    log.append("step/end", {"turn": 1, "step": 1})
-    log.append("turn/end", {"turn": 1, "reason": {"kind": "completed"}})
-    fork = log.fork(mark)
-    assert len(fork) == 2 and fork.open_turn == 1 and fork.open_step == 1
-    assert [e.type for e in fork] == ["turn/start", "step/start"]
-    fork.append("step/end", {"turn": 1, "step": 1})       # the fork goes on by itself
-    assert len(log) == 4 and len(fork) == 3
-    with pytest.raises(Exception, match="L4"):
-        log.fork().append("turn/end", {"turn": 1, "reason": {"kind": "completed"}})
-
-
-def test_L15_a_fork_has_no_observers_and_refuses_a_foreign_mark() -> None:
-    log = SessionLog()
-    seen: list[str] = []
-    log.subscribe(lambda event: seen.append(event.type))
-    fork = log.fork()
-    fork.append("turn/start", {"turn": 1, "trigger": {"kind": "retry"}})
-    assert seen == []
-    longer = SessionLog()
-    longer.append("turn/start", {"turn": 1, "trigger": {"kind": "retry"}})
-    with pytest.raises(ValueError, match="not a position"):
-        log.fork(longer.mark())
-    with pytest.raises(ValueError, match="not a position"):
-        log.fork("0")  # type: ignore[arg-type]
-
-
-def test_L15_a_fork_keeps_the_derived_history_at_its_mark() -> None:
-    log = SessionLog()
-    log.append("user/message", _msg("u1"), surface_op="append")
-    mark = log.mark()
-    log.append("user/message", _msg("u2"), surface_op="append")
-    fork = log.fork(mark)
-    assert [m.id for m in fork.history(len(fork))] == ["u1"]
-    fork.append("user/message", _msg("u3"), surface_op="append")
-    assert [m.id for m in fork.history(len(fork))] == ["u1", "u3"]
-    assert [m.id for m in log.history(len(log))] == ["u1", "u2"]
-    assert Resolve(0, None).effect == 0

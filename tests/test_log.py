@@ -6,17 +6,18 @@ import enum
 import gc
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scenario_helpers import obj
 
 from machine.errors import InvariantError, ValidationError
 from machine.events import Event
-from machine.jsonvalue import FrozenDict, FrozenList, freeze, same_json
+from machine.jsonvalue import FrozenDict, FrozenList, JsonLike, freeze, same_json
 from machine.log import SessionLog, Violation, derive_history, validate_events
 from machine.strategies import json_objects
 from machine.vocabulary import Message, tool_result_block, user_message
@@ -202,7 +203,7 @@ def test_L1_the_compact_encoder_writes_exact_compact_json() -> None:
     with pytest.raises(ValueError, match="not JSON compliant"):
         encode(float("nan"))
     with pytest.raises(TypeError, match="a object is not a frozen JSON value"):
-        encode({"k": object()})
+        encode({"k": object()})  # type: ignore[arg-type]  # not a frozen value: refused
 
 
 def test_L1_the_compact_encoder_without_the_C_accelerator_writes_the_same(
@@ -218,7 +219,7 @@ def test_L1_the_compact_encoder_without_the_C_accelerator_writes_the_same(
     with pytest.raises(ValueError, match="not JSON compliant"):
         encode(float("nan"))
     with pytest.raises(TypeError, match="a object is not a frozen JSON value"):
-        encode({"k": object()})
+        encode({"k": object()})  # type: ignore[arg-type]  # not a frozen value: refused
 
 
 def test_L1_retained_events_add_no_garbage_collector_work() -> None:
@@ -235,7 +236,8 @@ def test_L1_retained_events_add_no_garbage_collector_work() -> None:
     gc.collect()
     assert len(log) == 1001
     assert len(gc.get_objects()) - before < 50
-    assert log[1000] == Event("step/end", 1000, log[1000].time, freeze({"turn": 1, "step": 500}))
+    assert log[1000] == Event("step/end", 1000, log[1000].time,
+                              obj(freeze({"turn": 1, "step": 500})))
 
 
 def test_L1_time_comes_from_the_injected_clock() -> None:
@@ -372,8 +374,8 @@ def test_L2_a_registration_between_check_and_commit_is_honoured() -> None:
     the commit, which is refused."""
     from machine.vocabulary import register_block_type
     log = new_log()
-    data = freeze({"id": "u1", "role": "user", "content": [{"type": "x-img", "url": "u"}],
-                   "source": {"kind": "user"}})
+    data = obj(freeze({"id": "u1", "role": "user", "content": [{"type": "x-img", "url": "u"}],
+                       "source": {"kind": "user"}}))
     log.check("user/message", data, surface_op="append")
     register_block_type("x-img", lambda _block: "refused")
     with pytest.raises(InvariantError, match=r"data.content\[0\]: refused") as caught:
@@ -463,8 +465,9 @@ def test_L3_every_source_event_seq_is_checked_whatever_its_position() -> None:
     log = open_step_log()
     for seqs, named in (([0, 1, 9], "entry 9"), ([0, -1, 1], "entry -1"), ([1, True], "entry True"),
                         ([0, 1, 2], "entry 2")):
-        rejected(log, "L3", f"sourceEventSeqs {named} does not name",
-                 lambda seqs=seqs: assistant_message(log, 1, 1, assistant("a"), seqs=seqs))
+        def append(seqs: list[int] = seqs) -> Event:
+            return assistant_message(log, 1, 1, assistant("a"), seqs=seqs)
+        rejected(log, "L3", f"sourceEventSeqs {named} does not name", append)
     with pytest.raises(InvariantError, match="Seq is not a JSON number"):  # refused by V1
         assistant_message(log, 1, 1, assistant("a"), seqs=[_Seq.FIRST, 1])
     event = assistant_message(log, 1, 1, assistant("a"), seqs=[0, 1])
@@ -1001,7 +1004,10 @@ def test_L11_unsubscribed_during_delivery_is_not_called_again() -> None:
 def test_L11_every_observer_receives_each_event_in_registration_order() -> None:
     log = new_log()
     seen: list[tuple[str, int]] = []
-    unsubscribe = [log.subscribe(lambda e, n=n: seen.append((f"o{n}", e.seq))) for n in range(4)]
+
+    def observer(name: str) -> Callable[[Event], None]:
+        return lambda e: seen.append((name, e.seq))
+    unsubscribe = [log.subscribe(observer(f"o{n}")) for n in range(4)]
     log.append("user/message", user_data("a"), surface_op="append")
     assert seen == [("o0", 0), ("o1", 0), ("o2", 0), ("o3", 0)]
     unsubscribe[2]()
@@ -1155,11 +1161,14 @@ def test_L13_history_view_compares_by_content() -> None:
     for text in ("a", "b"):
         log.commit("user/message", user_data(text), surface_op="append")
     view = log.history(len(log.events))
-    messages = log.derive_messages()
-    assert view == messages and view == list(messages)
+    # Both typed as the Sequence they are compared as: mypy narrows *view* at each ==.
+    messages: Sequence[Message] = log.derive_messages()
+    as_list: Sequence[Message] = list(messages)
+    assert view == messages and view == as_list
     assert view != messages[:1] and view != (*messages, messages[0])
     assert view != (messages[1], messages[0])       # same length, other order
-    assert view != 5 and view != "ab" and view != b"ab"
+    # What no sequence of messages equals (so mypy sees no overlap): the point here.
+    assert view != 5 and view != "ab" and view != b"ab"  # type: ignore[comparison-overlap]
     assert log.history(1) == messages[:1]
 
 
@@ -1215,14 +1224,14 @@ def test_L14_an_invalid_seed_raises_naming_the_seq() -> None:
 
 
 def test_L14_seed_data_given_as_plain_values_is_snapshotted() -> None:
-    plain = Event("plugin/marker", 0, 1, {"items": [1]})  # type: ignore[arg-type]
+    plain = Event("plugin/marker", 0, 1, {"items": [1]})  # type: ignore[arg-type]  # plain data on purpose
     log = SessionLog([plain])
     assert isinstance(log[0].data, FrozenDict) and log[0].data == {"items": [1]}
 
 
 def test_L14_L3_a_seeded_event_whose_source_seqs_name_a_later_event_is_rejected() -> None:
     # L14: seeds are replayed through the same checks as appends, sourceEventSeqs included.
-    seed = Event("user/message", 0, 1, freeze(user_data("u1")), "append", FrozenList([3]))
+    seed = Event("user/message", 0, 1, obj(freeze(user_data("u1"))), "append", FrozenList([3]))
     with pytest.raises(InvariantError, match=r"seed event at seq 0: .*sourceEventSeqs entry 3") \
             as caught:
         SessionLog([seed])
@@ -1568,3 +1577,56 @@ def iterate(log: SessionLog) -> Iterator[Event]:
 def test_iteration_and_indexing_agree() -> None:
     log = sample_log()
     assert list(iterate(log)) == [log[i] for i in range(len(log))]
+
+
+def _l15_message(message_id: str) -> dict[str, JsonLike]:
+    return {"id": message_id, "role": "user", "content": [{"type": "text", "text": "hi"}],
+            "source": {"kind": "user"}}
+
+
+# ---------------------------------------------------------------------------
+# L15: marks and forks of a session log
+# ---------------------------------------------------------------------------
+
+
+def test_L15_a_fork_at_a_mark_holds_the_events_and_checker_state_there() -> None:
+    log = SessionLog()
+    log.append("turn/start", {"turn": 1, "trigger": {"kind": "retry"}})
+    log.append("step/start", {"turn": 1, "step": 1})
+    mark = log.mark()
+    log.append("step/end", {"turn": 1, "step": 1})
+    log.append("turn/end", {"turn": 1, "reason": {"kind": "completed"}})
+    fork = log.fork(mark)
+    assert len(fork) == 2 and fork.open_turn == 1 and fork.open_step == 1
+    assert [e.type for e in fork] == ["turn/start", "step/start"]
+    fork.append("step/end", {"turn": 1, "step": 1})       # the fork goes on by itself
+    assert len(log) == 4 and len(fork) == 3
+    with pytest.raises(Exception, match="L4"):
+        log.fork().append("turn/end", {"turn": 1, "reason": {"kind": "completed"}})
+
+
+def test_L15_a_fork_has_no_observers_and_refuses_a_foreign_mark() -> None:
+    log = SessionLog()
+    seen: list[str] = []
+    log.subscribe(lambda event: seen.append(event.type))
+    fork = log.fork()
+    fork.append("turn/start", {"turn": 1, "trigger": {"kind": "retry"}})
+    assert seen == []
+    longer = SessionLog()
+    longer.append("turn/start", {"turn": 1, "trigger": {"kind": "retry"}})
+    with pytest.raises(ValueError, match="not a position"):
+        log.fork(longer.mark())
+    with pytest.raises(ValueError, match="not a position"):
+        log.fork("0")  # type: ignore[arg-type]
+
+
+def test_L15_a_fork_keeps_the_derived_history_at_its_mark() -> None:
+    log = SessionLog()
+    log.append("user/message", _l15_message("u1"), surface_op="append")
+    mark = log.mark()
+    log.append("user/message", _l15_message("u2"), surface_op="append")
+    fork = log.fork(mark)
+    assert [m.id for m in fork.history(len(fork))] == ["u1"]
+    fork.append("user/message", _l15_message("u3"), surface_op="append")
+    assert [m.id for m in fork.history(len(fork))] == ["u1", "u3"]
+    assert [m.id for m in log.history(len(log))] == ["u1", "u2"]

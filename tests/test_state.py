@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +113,21 @@ def test_R4_the_state_is_declared_in_one_place() -> None:
     core, _ = _running_core()
     assert set(vars(core)) == fresh
     assert {"inbox", "outbox", "window", "lifecycle"} <= fresh
+
+
+def test_R4_the_spec_inventory_maps_one_to_one_onto_the_state() -> None:
+    """specs/core.md's table "R4 in the implementation" names every attribute of
+    `CoreState` but its configuration, log and id minting, and no other."""
+    text = (Path(__file__).resolve().parent.parent / "specs" / "core.md").read_text(
+        encoding="utf-8")
+    table = text[text.index("**R4 in the implementation.**"):]
+    table = table[:table.index("\n\n", table.index("| rule |"))]
+    named: set[str] = set()
+    for row in table.splitlines()[3:]:
+        named |= set(re.findall(r"`(_?[a-z_]+)`", row.split("|")[3]))
+    attributes = set(vars(CoreState())) - {"config", "log", "_mint"}
+    assert attributes <= named, f"not in the table: {sorted(attributes - named)}"
+    others = named - attributes
+    methods = {name for name in others if hasattr(AgentCore, name)}
+    log_reads = {"open_turn", "open_step", "last_turn"}
+    assert others - methods - log_reads == set(), sorted(others - methods - log_reads)

@@ -4,9 +4,11 @@ Theory of operation
 -------------------
 Everything the core's future depends on is an attribute of `CoreState`; the layers
 above it (outputs, commands, drains, failures, tools, step, run, admission) only
-read and change these attributes, and no other object holds core state. The one
-exception still to be removed is the loop's position, which lives in the frame of the
-generator ``_proc`` (issue 17, step 3); its phase is mirrored by the lifecycle.
+read and change these attributes, and no other object holds core state. The loop's
+position is state too: ``_frames``, a stack of records (`machine.core.records.Frame`),
+one per activity in progress, each naming its phase and holding what the activity has
+gathered (R4.10). So the whole state copies and compares as data (`AgentCore.snapshot`,
+`restore`, R4.12; `machine.core.snapshot`).
 
 The four declared machines (``machine.machines``, each with its table and diagram):
 
@@ -32,6 +34,11 @@ The implicit machines, each a few attributes:
 * **Effects and mail** (``_effects``, ``_done_effects``, ``_next_effect``, ``_mail``,
   ``_wait``): requested effects, completions buffered until the loop takes them
   (P4-P6), and what the loop waits for.
+* **The loop** (``_frames``): the activities in progress, outermost first (R4.10): a
+  running interval, the claim of a prompt, a run, its steps, one step (with its model
+  stream and fold), a tool batch and its calls' starts and commits, drains, a failed
+  turn's closing and classification, a rejected admission and its tick. Each frame's
+  ``phase`` is the function that runs when the loop next advances it.
 * **Outputs** (``_out``): what is queued to be pulled (P1, P2, P8).
 * **Per-turn record** (``_turn``, ``_step``, ``_reason``, ``_settle``): the current
   turn and step numbers and the reasons its end and settlement will carry (R8, R15).
@@ -46,7 +53,7 @@ the explorer check them):
    closing, and it is the controller the loop checks.
 3. A wake effect is outstanding exactly while the lifecycle is ``wake_pending``.
 4. A pending retry exists only while recovering, closing or flushing.
-5. A busy lifecycle has a loop to run (``_proc``); the loop waits only while it
+5. A busy lifecycle has a loop to run (``_frames``); the loop waits only while it
    exists.
 6. Torn down implies disposing, idle, and nothing queued or staged.
 7. A stopped core waits for nothing: no loop, no wake, no owner, no retry, no
