@@ -3,18 +3,22 @@ to exhaust depths 4..8 with the first explorer's alphabet (followup, steer, inje
 the answer variants it had), so the figures compare across runs.
 
 Each depth is a separate run from scratch (as ``turnstile explore --depth D`` runs it). The
-explorer replays every decision sequence from a fresh core, so states/s falls as the
-sequences get longer. A depth whose run would not fit the time budget is stopped at the
-budget and reported as *not exhausted*, with the states it reached and an estimate of the
-time it would take (from the growth of the previous depths) — an estimate, marked as such.
+explorer makes each state by copying its parent's and applying one decision (R4.12). A
+second table compares that with replaying every decision sequence from a fresh core (as
+the explorer did before the core's state was explicit), in the same run. A depth whose run
+would not fit the time budget is stopped at the budget and reported as *not exhausted*,
+with the states it reached and an estimate of the time it would take (from the growth of
+the previous depths) — an estimate, marked as such.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from bench.common import Section
-from machine.explore import classic_explorer
+from machine.explore import CONFIGURATIONS, Explorer, classic_explorer
 
 FULL_DEPTHS = (4, 5, 6, 7, 8)
 QUICK_DEPTHS = (2, 3)
@@ -58,6 +62,12 @@ def run(quick: bool = False, budget: float | None = None,
         if exhausted:
             previous.append((result.states, result.seconds))
     section = Section("4. Exploration", HEADERS, rows)
+    comparison = _copies_against_replay(quick)
+    section.tables.append((
+        "Copying states against replaying them (same explorer, same run; CPU seconds):",
+        ["search", "depth", "states", "replay: s", "copy: s", "replay states/s",
+         "copy states/s", "copy ÷ replay"], comparison["rows"]))
+    figures["copy_vs_replay"] = comparison["figures"]
     section.figures = figures
     section.notes.append(
         "`classic_explorer().run(depth)`: the first explorer's alphabet, kept so that the "
@@ -68,6 +78,38 @@ def run(quick: bool = False, budget: float | None = None,
     section.notes.extend(notes)
     section.seconds = time.perf_counter() - started
     return section
+
+
+def _copies_against_replay(quick: bool) -> dict[str, Any]:
+    """The classic search (machine only) and the idle configuration with the reference
+    model compared, each exhausted once by copying states and once by replaying them."""
+    def classic(copy: bool) -> Explorer:
+        return classic_explorer(copy_states=copy)
+
+    def idle_with_model(copy: bool) -> Explorer:
+        return CONFIGURATIONS["idle"].explorer(copy_states=copy)
+
+    cases: tuple[tuple[str, int, Callable[[bool], Explorer]], ...] = (
+        ("classic, machine only", 3 if quick else 6, classic),
+        ("idle, with the model", 2 if quick else 5, idle_with_model))
+    rows: list[list[str]] = []
+    figures: dict[str, dict[str, float]] = {}
+    for name, depth, make in cases:
+        measured: dict[bool, tuple[int, float]] = {}
+        for copy in (False, True):
+            started = time.process_time()
+            result = make(copy).run(depth)
+            if result.failure is not None:
+                raise AssertionError(f"exploration found a violation: {result.failure}")
+            measured[copy] = (result.states, time.process_time() - started)
+        (states, replay), (copied_states, copy_s) = measured[False], measured[True]
+        assert states == copied_states, "copying and replaying reach the same states"
+        rows.append([name, str(depth), f"{states:,}", f"{replay:.1f}", f"{copy_s:.1f}",
+                     f"{states / replay:,.0f}", f"{states / copy_s:,.0f}",
+                     f"× {replay / copy_s:.2f}"])
+        figures[name] = {"depth": depth, "states": states, "replay_s": replay,
+                         "copy_s": copy_s}
+    return {"rows": rows, "figures": figures}
 
 
 def _estimate(previous: list[tuple[int, float]]) -> tuple[float, float] | None:

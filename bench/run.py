@@ -25,7 +25,7 @@ from bench.common import Section, load_text, machine_description
 
 ROOT = Path(__file__).resolve().parents[1]
 ITEMS = ("throughput", "runtime", "dispatch", "explore", "oracle", "stores", "memory",
-         "load-memory")
+         "load-memory", "snapshot")
 
 
 def run_item(name: str, quick: bool, context: dict[str, Any], options: argparse.Namespace
@@ -57,6 +57,9 @@ def run_item(name: str, quick: bool, context: dict[str, Any], options: argparse.
     if name == "load-memory":
         from bench import load_memory
         return load_memory.run(quick)
+    if name == "snapshot":
+        from bench import snapshots
+        return snapshots.run(quick)
     raise ValueError(f"unknown item {name!r}; known: {', '.join(ITEMS)}")
 
 
@@ -124,12 +127,24 @@ def summary(sections: dict[str, Section]) -> list[str]:
             ", ".join(f"{name} × {value['ratio']:.1f}" for name, value in figures.items()))
     if "explore" in sections:
         figures = sections["explore"].figures
-        done = [d for d, f in figures.items() if f["exhausted"]]
+        done = [d for d, f in figures.items() if d.isdigit() and f["exhausted"]]
         if done:
             deepest = max(done, key=int)
             f = figures[deepest]
             add(f"exploration, deepest exhausted depth ({deepest})",
                 f"{f['states']:,} states in {f['seconds']:.0f} s ({f['states_per_s']:,.0f} states/s)")
+        pairs = figures.get("copy_vs_replay", {})
+        if pairs:
+            add("exploration, copying states ÷ replaying them (CPU time, same run)", ", ".join(
+                f"{name} depth {int(f['depth'])} × {f['replay_s'] / f['copy_s']:.2f}"
+                for name, f in pairs.items()))
+    if "snapshot" in sections:
+        figures = sections["snapshot"].figures
+        size = max(figures, key=int)
+        f = figures[size]
+        add(f"snapshot + restore of a core with {int(size):,} queued prompts",
+            f"{(f['snapshot_s'] + f['restore_s']) * 1e3:.1f} ms (replaying the sends: "
+            f"{f['replay_s'] * 1e3:.0f} ms)")
     if "oracle" in sections:
         figures = sections["oracle"].figures
         add(f"verify-trace, {figures['lines']:,}-event trace",

@@ -51,6 +51,7 @@ and which R19 rows × commands the explored paths exercised.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import json
 import logging
@@ -64,6 +65,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from machine.core import AgentCore, CoreConfig
+from machine.core.snapshot import STATIC_ATTRIBUTES
 from machine.errors import TurnstileError
 from machine.events import Event
 from machine.invariants import InvariantMonitor
@@ -262,7 +264,7 @@ class Explorer:
                  other: Callable[[], Agentlike] | None = None,
                  max_outputs: int = 400, seed: Sequence[Event] = (),
                  prefix: Sequence[Action] = (), macros: Sequence[str] = DEFAULT_MACROS,
-                 defaults: dict[str, str] | None = None) -> None:
+                 defaults: dict[str, str] | None = None, copy_states: bool = True) -> None:
         self.config = config if config is not None else CoreConfig(
             request_options={"provider": "p", "model": "m"}, publish=False)
         unknown = [c for c in commands if c not in COMMANDS]
@@ -284,6 +286,8 @@ class Explorer:
         self.seed = tuple(seed)
         self.prefix = tuple(prefix)
         self.macros = tuple(macros)
+        self.copy_states = copy_states
+        self._texts = _Texts()
 
     # -- nodes and decisions ---------------------------------------------------------
     def root(self) -> Node:
@@ -301,6 +305,34 @@ class Explorer:
         for action in actions:
             self.apply(node, action)
         return node
+
+    @property
+    def copies(self) -> bool:
+        """Whether the search copies states (the core always can, R4.12; the other
+        implementation when it has a ``copy()``) instead of replaying each from the root
+        (``copy_states=False`` asks for replay, to compare the two)."""
+        return self.copy_states and (
+            self.other is None or callable(getattr(self.root_other(), "copy", None)))
+
+    def root_other(self) -> Agentlike | None:
+        if not hasattr(self, "_other_sample"):
+            self._other_sample = self.other() if self.other is not None else None
+        return self._other_sample
+
+    def copy(self, node: Node) -> Node:
+        """An independent node in *node*'s state: the core restored from its state (R4.12),
+        the other implementation's ``copy()``, the monitor and meters copied and bound to
+        the new core."""
+        core = node.core.copy()
+        _own_clock(core.log)
+        other = node.other.copy() if node.other is not None else None  # type: ignore[attr-defined]
+        if other is not None:
+            _own_clock(getattr(other, "log", None))
+        return Node(core, other, _rebound(node.monitor, node.core, core),
+                    _rebound(node.families, node.core, core),
+                    _rebound(node.positions, node.core, core),
+                    list(node.inputs), list(node.outputs), list(node.steps),
+                    list(node.other_outputs), node.last_cell, node.fresh)
 
     def apply(self, node: Node, action: Action) -> None:
         """Apply one decision to *node* (raises `Divergence` on a violation or difference)."""
@@ -440,13 +472,29 @@ class Explorer:
                                  node.steps)
 
     # -- search ------------------------------------------------------------------------
-    def key(self, node: Node) -> str:
-        """The canonical key of a node: the core, the other implementation and the
-        monitor's ledger, message ids renamed by first appearance."""
-        text = repr((_core_parts(node.core),
-                     implementation_parts(node.other) if node.other is not None else None,
+    def key(self, node: Node) -> bytes:
+        """The canonical key of a node: the core (its log, then the rest of its state), the
+        other implementation and the monitor's ledger, message ids renamed by first
+        appearance, as a digest. The log's part is a chain of digests made once per event
+        (states share their parents' events, R4.12, L15), so a key costs what changed."""
+        texts = self._texts
+        core = node.core
+        _, log_digest, tokens = texts.chain(core.log)
+        other = node.other
+        other_parts: object = None
+        if other is not None:
+            other_log = getattr(other, "log", None)
+            same_log: object = None
+            if isinstance(other_log, SessionLog):
+                # Its events are the core's while the outputs agree (they are compared as
+                # they are pulled); the key says so, or holds the other log's own digest.
+                raw_core, raw_other = texts.chain(core.log)[0], texts.chain(other_log)[0]
+                same_log = "=core" if raw_other == raw_core else raw_other
+            other_parts = (same_log, implementation_parts(other, texts, with_log=False))
+        rest = repr((_core_parts(core, texts, with_log=False), other_parts,
                      node.monitor.ledger()))
-        return _renamed(text)
+        return log_digest + hashlib.sha256(
+            _renamed(rest, tokens).encode("utf-8", "surrogatepass")).digest()
 
     def children(self, node: Node, probe: Output | None, *,
                  silent_change: bool = False) -> list[tuple[Action, int]]:
@@ -478,27 +526,59 @@ class Explorer:
             result.extend((("macro", name), 1) for name in self.macros)
         return result
 
+    def _probe(self, node: Node, actions: tuple[Action, ...]) -> list[tuple[Action, int]]:
+        """The decisions offered at *node*: its next output is pulled on a copy of its core
+        (the node stays as it is, its children's parent), and at quiescence the monitor
+        checks that copy before anything is pruned."""
+        if self.copies:
+            core = node.core.copy()
+            _own_clock(core.log)
+            probing = Node(core, None, _rebound(node.monitor, node.core, core), node.families,
+                           node.positions, outputs=node.outputs)
+        else:
+            probing = self.replay(actions)
+            core = probing.core
+        buffered = len(core._mail)
+        probe = core.next_output()
+        if probe is None:               # quiescence checks before any pruning
+            probing.monitor.poll(quiet=True)
+        return self.children(probing, probe, silent_change=probe is None
+                             and len(core._mail) < buffered
+                             and (not actions or actions[-1][0] != "drain"))
+
     def run(self, depth: int, *, progress: Callable[[int, int, float], None] | None = None,
             budget_seconds: float | None = None) -> ExploreResult:
+        """Explore every decision sequence of cost at most *depth* (0-1 breadth-first, so a
+        violation found first has a shortest sequence). Each state is made by copying its
+        parent's and applying one decision (R4.12); with an other implementation that cannot
+        be copied, by replaying its decisions from the root."""
         start = time.perf_counter()
-        visited: set[str] = set()
-        queue: deque[tuple[tuple[Action, ...], int]] = deque([(self.prefix, 0)])
+        visited: set[bytes] = set()
+        copies = self.copies
+        # An entry: the parent (None: replay the sequence), the decision, the whole decision
+        # sequence, and its cost.
+        queue: deque[tuple[_Parent | None, Action | None, tuple[Action, ...], int]] = deque(
+            [(None, None, self.prefix, 0)])
         transitions = 0
         last_report = start
         result = ExploreResult(depth, 0, 0, 0.0)
         while queue:
-            actions, cost = queue.popleft()
+            parent, decision, actions, cost = queue.popleft()
             try:
-                node = self.replay(actions)
+                if parent is None or decision is None:
+                    node = self.replay(actions)
+                else:
+                    parent.pending -= 1
+                    # Why: the parent's last child takes the parent itself, no copy.
+                    node = parent.node if parent.pending == 0 else self.copy(parent.node)
+                    self.apply(node, decision)
                 key = self.key(node)
-                buffered = len(node.core._mail)
-                probe = node.core.next_output()
-                if probe is None:           # quiescence checks before any pruning
-                    node.monitor.poll(quiet=True)
                 fresh = key not in visited
-                children = self.children(
-                    node, probe, silent_change=probe is None and len(node.core._mail) < buffered
-                    and (not actions or actions[-1][0] != "drain")) if fresh else []
+                children: list[tuple[Action, int]] = []
+                if fresh:
+                    # A state with a key already visited has the same probe and quiescence
+                    # verdict as the visited one (the key covers what both depend on).
+                    children = self._probe(node, actions)
             except Divergence as failure:
                 result.failure = failure
                 break
@@ -519,14 +599,16 @@ class Explorer:
             if budget_seconds is not None and now - start > budget_seconds:
                 result.exhausted = False
                 break
-            for action, step_cost in children:
-                if cost + step_cost > depth:
-                    continue
+            offered = [(action, step_cost) for action, step_cost in children
+                       if cost + step_cost <= depth]
+            holder = _Parent(node, len(offered)) if copies else None
+            for action, step_cost in offered:
                 transitions += 1
+                entry = (holder, action, (*actions, action), cost + step_cost)
                 if step_cost == 0:
-                    queue.appendleft(((*actions, action), cost))
+                    queue.appendleft(entry)
                 else:
-                    queue.append(((*actions, action), cost + step_cost))
+                    queue.append(entry)
         result.states = len(visited)
         result.transitions = transitions
         result.seconds = time.perf_counter() - start
@@ -621,6 +703,27 @@ def classic_explorer(**options: Any) -> Explorer:
     return Explorer(**settings)
 
 
+@dataclass(slots=True)
+class _Parent:
+    """A state whose children are queued, and how many of them still need it."""
+
+    node: Node
+    pending: int
+
+
+def _rebound(meter: Any, old: AgentCore, new: AgentCore) -> Any:
+    """A copy of a monitor or meter whose containers are its own and which watches *new*
+    where it watched *old*."""
+    copied = object.__new__(type(meter))
+    for name, value in vars(meter).items():
+        if value is old:
+            value = new
+        elif isinstance(value, (dict, list, set)):
+            value = value.copy()
+        setattr(copied, name, value)
+    return copied
+
+
 def replay_steps(explorer: Explorer, actions: Sequence[Action]) -> list[dict[str, JsonLike]]:
     """The steps of a decision sequence, as far as they can be applied; the failing one last."""
     node = explorer.root()
@@ -641,46 +744,136 @@ def _apply(agent: Agentlike, item: Input) -> BaseException | None:
     return None
 
 
-def _counter() -> Callable[[], float]:
-    state = [0]
+class _Counter:
+    """The explorer's clock: 1, 2, 3, ... per log. Copied with its log when a state is
+    copied, so a copied state stamps its events as a replayed one would."""
 
-    def clock() -> float:
-        state[0] += 1
-        return float(state[0])
-    return clock
+    __slots__ = ("now",)
+
+    def __init__(self, now: int = 0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        self.now += 1
+        return float(self.now)
+
+    def copy(self) -> _Counter:
+        return _Counter(self.now)
+
+
+def _counter() -> _Counter:
+    return _Counter()
+
+
+def _own_clock(log: object) -> None:
+    """Give a forked log its own copy of the explorer's clock (a fork shares its clock)."""
+    clock = getattr(log, "_clock", None)
+    if isinstance(clock, _Counter):
+        log._clock = clock.copy()  # type: ignore[attr-defined]
 
 
 _ID = re.compile(r"\b(m\d+|call-m\d+(?:-\d+)?)\b")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
-def _renamed(text: str) -> str:
-    names: dict[str, str] = {}
-
-    def rename(match: re.Match[str]) -> str:
-        token = match.group(1)
-        if token not in names:
-            names[token] = f"#{len(names)}"
-        return names[token]
-    return _ID.sub(rename, text)
+def _renamed(text: str, tokens: Sequence[str] = ()) -> str:
+    """*text* with the message ids (and the call ids made from them) renamed in order of
+    first appearance, after the *tokens* already named (in their order)."""
+    return _renaming(text, {token: f"#{index}" for index, token in enumerate(tokens)})
 
 
-def _core_parts(core: AgentCore) -> list[object]:
-    parts: list[object] = [
-        core.lifecycle.state, core.window.state, core.inbox.state, core.outbox.state,
-        core.inbox.snapshot(), core.outbox.snapshot(),
-        tuple((e.type, repr(e.data), repr(e.surface_op), repr(e.source_event_seqs))
-              for e in core.log.events),
-        tuple(repr(item) for item in core._out),
-        tuple((k, v.kind) for k, v in core._effects.items()),
-        tuple(repr(m) for m in core._mail), core._wake_effect, core._wait,
-        repr(core._owner), repr(core._ctrl), core._pending_retry, repr(core._prior_failures),
-        core._turn, core._step, repr(core._reason), repr(core._settle), core._header_logged,
-        core._disposing, core._disposed, core._next_effect, core._next_signal,
-        repr(core._retro),
-    ]
-    parts.append(_canonical(core._frames, 0))
-    return parts
+def _renaming(text: str, names: dict[str, str]) -> str:
+    """`_renamed` with the names given so far in *names* (which it extends)."""
+    pieces = _ID.split(text)         # text, id, text, id, ..., text
+    for index in range(1, len(pieces), 2):
+        token = pieces[index]
+        name = names.get(token)
+        if name is None:
+            name = names[token] = f"#{len(names)}"
+        pieces[index] = name
+    return "".join(pieces)
+
+
+_EMPTY_CHAIN: tuple[bytes, bytes, tuple[str, ...]] = (b"", b"", ())
+
+
+class _Texts:
+    """The canonical text of immutable values (frozen JSON, messages, outputs, a log's
+    records), each made once per exploration: states share most of them (a copied state
+    shares its parent's values, R4.12), so a key costs what changed. Each value is held
+    while its text is cached, so an id is never reused for another value."""
+
+    def __init__(self) -> None:
+        self._texts: dict[int, tuple[object, str]] = {}
+        self._chains: dict[int, tuple[object, tuple[bytes, bytes, tuple[str, ...]]]] = {}
+
+    def text(self, value: object) -> str:
+        hit = self._texts.get(id(value))
+        if hit is not None and hit[0] is value:
+            return hit[1]
+        text = _ADDRESS.sub("", repr(value))
+        self._texts[id(value)] = (value, text)
+        return text
+
+    def chain(self, log: SessionLog) -> tuple[bytes, bytes, tuple[str, ...]]:
+        """Digests of the log's events as its future depends on them (`log`): one of their
+        text as it is, one with message ids renamed in order of first appearance, and the
+        ids met, in that order. Each event is digested once, after the events before it
+        (a record is only ever shared by forks, so always after the same ones)."""
+        records = log._records
+        chains = self._chains
+        start = len(records)
+        state = _EMPTY_CHAIN
+        while start > 0:
+            hit = chains.get(id(records[start - 1]))
+            if hit is not None and hit[0] is records[start - 1]:
+                state = hit[1]
+                break
+            start -= 1
+        for index in range(start, len(records)):
+            record = records[index]
+            raw_prev, renamed_prev, tokens = state
+            text = f"{record[0]} {record[3]} {record[4]!r} {record[5]!r}"
+            names = {token: f"#{n}" for n, token in enumerate(tokens)}
+            renamed = _renaming(text, names)
+            if len(names) != len(tokens):
+                tokens = tuple(names)
+            state = (hashlib.sha256(raw_prev + text.encode("utf-8", "surrogatepass")).digest(),
+                     hashlib.sha256(renamed_prev + renamed.encode("utf-8",
+                                                                  "surrogatepass")).digest(),
+                     tokens)
+            chains[id(record)] = (record, state)
+        return state
+
+    def log(self, log: SessionLog) -> str:
+        """The log's events as its future depends on them: types, data, surface operations
+        and sources (not times). Forks share their records, so each is written once."""
+        texts = self._texts
+        parts: list[str] = []
+        for record in log._records:
+            hit = texts.get(id(record))
+            if hit is None or hit[0] is not record:
+                text = f"{record[0]} {record[3]} {record[4]!r} {record[5]!r}"
+                texts[id(record)] = hit = (record, text)
+            parts.append(hit[1])
+        return "\n".join(parts)
+
+
+def _core_parts(core: AgentCore, texts: _Texts | None = None, *,
+                with_log: bool = True) -> tuple[object, ...]:
+    """Everything the core's future depends on (its whole explicit state, R4), canonical;
+    the log first, unless *with_log* is false."""
+    texts = texts if texts is not None else _Texts()
+    state = vars(core)
+    names = _STATE_NAMES.get(type(core))
+    if names is None or len(names) != len(state) - len(STATIC_ATTRIBUTES):
+        names = _STATE_NAMES[type(core)] = tuple(sorted(set(state) - STATIC_ATTRIBUTES))
+    return (texts.log(core.log) if with_log else None,
+            *[(name, _canonical(state[name], 0, texts)) for name in names])
+
+
+#: The state attributes of a core class, in order (R4: the same for every instance).
+_STATE_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def state_key(core: AgentCore) -> str:
@@ -693,46 +886,83 @@ def state_key(core: AgentCore) -> str:
 _FIXED_ATTRIBUTES = frozenset({"config", "_mint", "clock", "_clock"})
 
 
-def implementation_parts(agent: object) -> tuple[object, ...]:
-    """Everything an implementation's future may depend on, read generically: every attribute
-    (its log as its events), generator frames followed through ``yield from`` and through
-    generators held in locals, objects by their fields. For an implementation the explorer
-    knows nothing about (the reference model), so that no state is pruned that differs."""
+def implementation_parts(agent: object, texts: _Texts | None = None, *,
+                         with_log: bool = True) -> tuple[object, ...]:
+    """Everything an implementation's future may depend on: what its ``state_parts()`` gives
+    (and its ``log``) when it has one, else read generically: every attribute (its log as its
+    events), generator frames followed through ``yield from`` and through generators held in
+    locals, objects by their fields. For an implementation the explorer knows nothing about
+    (the reference model), so that no state is pruned that differs."""
+    texts = texts if texts is not None else _Texts()
+    parts = getattr(agent, "state_parts", None)
+    if callable(parts):
+        log = getattr(agent, "log", None)
+        return (texts.log(log) if with_log and isinstance(log, SessionLog) else None,
+                _canonical(parts(), 0, texts))
     state = vars(agent) if hasattr(agent, "__dict__") else {
         name: getattr(agent, name) for name in getattr(agent, "__slots__", ())}
-    return tuple((name, _canonical(value, 0)) for name, value in sorted(state.items())
-                 if name not in _FIXED_ATTRIBUTES)
+    return tuple((name, _canonical(value, 0, texts)) for name, value in sorted(state.items())
+                 if name not in _FIXED_ATTRIBUTES and (with_log or name != "log"))
 
 
-def _canonical(value: object, depth: int) -> object:
+_IMMUTABLE_MODULES = frozenset({"machine.jsonvalue", "machine.vocabulary", "machine.io",
+                                "machine.events"})
+
+
+#: How `_canonical` reads a class: "text" (immutable: its text, once), "fields" (a
+#: dataclass: its fields, by name), "slots" (a machine: its slots), or another way (None).
+_READERS: dict[type, tuple[str, tuple[str, ...]] | None] = {}
+
+
+def _reader(kind: type) -> tuple[str, tuple[str, ...]] | None:
+    if kind not in _READERS:
+        reader: tuple[str, tuple[str, ...]] | None = None
+        if kind.__module__ in _IMMUTABLE_MODULES:
+            reader = ("text", ())
+        elif dataclasses.is_dataclass(kind):
+            reader = ("fields", tuple(f.name for f in dataclasses.fields(kind)))
+        elif (kind.__dict__.get("__slots__") and not issubclass(kind, BaseException)
+              and "__dict__" not in dir(kind)):
+            reader = ("slots", tuple(kind.__dict__["__slots__"]))
+        _READERS[kind] = reader
+    return _READERS[kind]
+
+
+def _canonical(value: object, depth: int, texts: _Texts) -> object:
+    kind = type(value)
+    if value is None or kind is int or kind is str or kind is bool or kind is float:
+        return value
     if depth > 40:
         return _ADDRESS.sub("", repr(value))
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, SessionLog):
-        return tuple((e.type, repr(e.data), repr(e.surface_op), repr(e.source_event_seqs))
-                     for e in value.events)
+    if kind is list or kind is tuple or kind is deque:
+        return (kind.__name__, tuple([_canonical(v, depth + 1, texts)
+                                      for v in value]))  # type: ignore[attr-defined]
+    reader = _reader(kind)
+    if reader is not None:
+        how, names = reader
+        if how == "text":                       # frozen values: their text, once
+            return texts.text(value)
+        return (kind.__name__, tuple([(name, _canonical(getattr(value, name), depth + 1, texts))
+                                      for name in names]))
+    if kind is set or kind is frozenset:
+        return (kind.__name__, tuple(sorted(repr(_canonical(v, depth + 1, texts))
+                                            for v in value)))  # type: ignore[attr-defined]
+    if kind is dict:
+        return ("dict", tuple([(repr(k), _canonical(v, depth + 1, texts))
+                               for k, v in value.items()]))  # type: ignore[attr-defined]
+    if kind is SessionLog:
+        return texts.log(value)  # type: ignore[arg-type]
     if isinstance(value, types.GeneratorType):
-        return _frames(value, depth)
-    if isinstance(value, (list, tuple, deque)):
-        return (type(value).__name__, tuple(_canonical(v, depth + 1) for v in value))
-    if isinstance(value, (set, frozenset)):
-        return (type(value).__name__, tuple(sorted(repr(_canonical(v, depth + 1)) for v in value)))
-    if isinstance(value, dict) and type(value) is dict:
-        return ("dict", tuple((repr(k), _canonical(v, depth + 1)) for k, v in value.items()))
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return (type(value).__name__, tuple(
-            (f.name, _canonical(getattr(value, f.name), depth + 1))
-            for f in dataclasses.fields(value)))
+        return _frames(value, depth, texts)
     if isinstance(value, BaseException):
-        return (type(value).__name__, repr(value.args),
-                tuple((k, _canonical(v, depth + 1)) for k, v in sorted(vars(value).items())))
+        return (kind.__name__, repr(value.args),
+                tuple((k, _canonical(v, depth + 1, texts)) for k, v in sorted(vars(value).items())))
     if isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType)):
         return getattr(value, "__qualname__", "function")
     return _ADDRESS.sub("", repr(value))
 
 
-def _frames(generator: Any, depth: int) -> tuple[object, ...]:
+def _frames(generator: Any, depth: int, texts: _Texts) -> tuple[object, ...]:
     frames: list[object] = []
     while generator is not None:
         frame = generator.gi_frame
@@ -740,7 +970,7 @@ def _frames(generator: Any, depth: int) -> tuple[object, ...]:
             frames.append("finished")
             break
         frames.append((generator.gi_code.co_name, frame.f_lasti, tuple(
-            (k, _canonical(v, depth + 1)) for k, v in sorted(frame.f_locals.items())
+            (k, _canonical(v, depth + 1, texts)) for k, v in sorted(frame.f_locals.items())
             if k != "self")))
         generator = generator.gi_yieldfrom
     return tuple(frames)

@@ -39,7 +39,10 @@ SCHEMA = json.loads((SPECS / "conformance" / "vector.schema.json").read_text(enc
 #: implementation's own state, which the protocol does not show.
 EXEMPT = {"D8": "storage damage on load (specs/persistence.md); the core has no storage",
           "R4.11": "couplings of the implementation's state (tests/test_state.py checks them "
-                   "at every input and output of every vector)"}
+                   "at every input and output of every vector)",
+          "R4.12": "snapshots are an API of the implementation, not of the port protocol "
+                   "(tests/test_R4_snapshots.py restores the core at every input and output "
+                   "of every vector)"}
 
 #: scenarios.md scenarios of the core; G4 (fork) and G7 (loading a live session) are
 #: persistence-only.

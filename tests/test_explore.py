@@ -286,3 +286,19 @@ def test_PROTOCOL_5_1_explore_refuses_numbers_out_of_range(
     from machine.cli import main
     assert main(["explore", *argv, "--quiet"]) == 2
     assert problem in capsys.readouterr().err
+
+
+def test_R4_12_copying_states_reaches_exactly_the_states_replaying_reaches() -> None:
+    """The explorer's copies (R4.12) are the states a replay from the root makes: the same
+    states and transitions, machine alone and with the reference model."""
+    def classic(copy: bool) -> Explorer:
+        return classic_explorer(copy_states=copy)
+
+    def idle_with_model(copy: bool) -> Explorer:
+        return CONFIGURATIONS["idle"].explorer(copy_states=copy)
+
+    for make, depth in ((classic, 4), (idle_with_model, 3)):
+        copied, replayed = make(True).run(depth), make(False).run(depth)
+        assert copied.failure is None and replayed.failure is None
+        assert (copied.states, copied.transitions) == (replayed.states, replayed.transitions)
+        assert copied.families == replayed.families and copied.cells == replayed.cells
