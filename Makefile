@@ -41,9 +41,9 @@ lint: $(STAMP_DEV)
 	$(BIN)/python -m ruff check .
 
 # model/ is checked under its folder name; installed, it is machine._model (setup.py).
-# bench/, the CI scripts and setup.py are checked as strictly as the library; tests/ is not yet.
+# tests/, bench/, the CI scripts and setup.py are checked as strictly as the library.
 typecheck: $(STAMP_DEV)
-	$(BIN)/python -m mypy --strict machine model tests/typed_usage.py bench .ci/*.py setup.py
+	$(BIN)/python -m mypy --strict machine model tests bench .ci/*.py setup.py
 
 pytest: $(STAMP_DEV)
 	$(BIN)/python -m pytest

@@ -28,7 +28,7 @@ import contextlib
 import itertools
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -36,11 +36,21 @@ from hypothesis import HealthCheck, settings
 from machine.store.errors import StoreError
 from machine.store.postgres_server import TemporaryPostgres
 
-SPEED_INDEPENDENT = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 
-settings.register_profile("turnstile", **SPEED_INDEPENDENT)  # type: ignore[arg-type]
+class _SpeedIndependent(TypedDict):
+    """The settings every profile loaded here shares (typed, so that ``**`` unpacking cannot
+    be taken for ``register_profile``'s ``parent``)."""
+
+    deadline: None
+    suppress_health_check: list[HealthCheck]
+
+
+SPEED_INDEPENDENT: _SpeedIndependent = {"deadline": None,
+                                        "suppress_health_check": [HealthCheck.too_slow]}
+
+settings.register_profile("turnstile", **SPEED_INDEPENDENT)
 settings.register_profile("turnstile-ci", parent=settings.get_profile("ci"),
-                          **SPEED_INDEPENDENT)  # type: ignore[arg-type]
+                          **SPEED_INDEPENDENT)
 settings.load_profile("turnstile-ci" if os.environ.get("CI") else "turnstile")
 
 #: Broad tests, run last in this order (cheapest first): (module file, test name prefix or "").

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from scenario_helpers import L, Scenario
+from scenario_helpers import L, Scenario, at, obj, string
 
 from machine.core import CoreConfig
 from machine.jsonvalue import thaw
@@ -28,17 +28,18 @@ def _tool_scenario(*calls: tuple[str, str] | tuple[str, str, str], modes: dict[s
 
 def _reason(s: Scenario) -> dict[str, object]:
     (turn_end,) = s.of("turn/end")
-    return thaw(turn_end.data["reason"])  # type: ignore[return-value]
+    reason: dict[str, object] = thaw(obj(turn_end.data["reason"]))
+    return reason
 
 
 def _call_ids(s: Scenario, type_: str) -> list[str]:
     if type_ == "tool/call":
         return [str(e.data["callId"]) for e in s.of("tool/call")]
-    return [str(e.data["message"]["content"][0]["toolCallId"]) for e in s.of(type_)]  # type: ignore[index]
+    return [string(at(e.data, "message", "content", 0, "toolCallId")) for e in s.of(type_)]
 
 
 def _result_text(s: Scenario, index: int) -> object:
-    return thaw(s.of("tool/result")[index].data["message"]["content"][0]["content"])  # type: ignore[index]
+    return thaw(at(s.of("tool/result")[index].data, "message", "content", 0, "content"))
 
 
 def _resolve_held(s: Scenario, kind: str, call_id: str, value: Any) -> None:
@@ -122,7 +123,7 @@ def test_R10_3_prepare_final_result_is_committed_without_execute_or_finalize() -
                         "TC(1.1;c1) TR(1.1;c1;ok) SE(1.1) SS(1.2) CH… AM(1.2;'done') SE(1.2) "
                         "TE(1,completed)")
     (result,) = s.of("tool/result")
-    assert thaw(result.data["message"]["content"][0]["content"]) == [  # type: ignore[index]
+    assert thaw(at(result.data, "message", "content", 0, "content")) == [
         {"type": "text", "text": "from prepare"}]
     assert s.effects("tool-execute") == [] and s.effects("tool-finalize") == []
     s.check()
@@ -143,7 +144,7 @@ def test_R10_4_tool_result_carries_error_and_meta_of_the_result() -> None:
     (result,) = s.of("tool/result")
     assert thaw(result.data["error"]) == {"name": "UsageError", "detail": "x"}
     assert thaw(result.data["meta"]) == {"ms": 12}
-    assert result.data["message"]["content"][0]["isError"] is True  # type: ignore[index]
+    assert at(result.data, "message", "content", 0, "isError") is True
     s.check()
 
 

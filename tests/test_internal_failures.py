@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from scenario_helpers import at
 
 from machine.core import AgentCore, CoreConfig
 from machine.errors import CoreFailedError, InvariantError, ProtocolError, TurnstileError
@@ -338,7 +339,8 @@ def test_P16_a_stopped_core_refuses_commands_and_accepts_late_completions() -> N
         run.pump()
         core.followup(user("first", "p1"))
         run.drive()
-        assert held and core.failure is None       # c1 still runs; nothing failed yet
+        failure = core.failure   # a local: mypy would keep core.failure narrowed to None below
+        assert held and failure is None            # c1 still runs; nothing failed yet
         core.resolve(held[0].id, {"content": [{"type": "text", "text": "late"}]})
         run.drive()
     assert core.failure is not None and core.failure.code is None
@@ -347,7 +349,7 @@ def test_P16_a_stopped_core_refuses_commands_and_accepts_late_completions() -> N
     assert core.log.open_turn == 1
     errors = [o.event.payload for o in run.outputs
               if isinstance(o, Live) and o.event.type == "agent/error"]
-    assert len(errors) >= 2 and errors[-1]["error"]["name"] == "Injected"  # type: ignore[index]
+    assert len(errors) >= 2 and at(errors[-1], "error", "name") == "Injected"
     with pytest.raises(CoreFailedError, match="only dispose"):
         core.followup(user("more", "p9"))
     with pytest.raises(CoreFailedError):
@@ -376,7 +378,7 @@ def test_P16_completions_of_abandoned_effects_are_accepted_once() -> None:
     core.dispose()
     tail = core.drain_outputs()
     discards = [o for o in tail if isinstance(o, Live) and o.event.type == "agent/inbox/discard"]
-    assert len(discards) == 1 and discards[0].event.payload["messages"][0]["id"] == "p1"  # type: ignore[index]
+    assert len(discards) == 1 and at(discards[0].event.payload, "messages", 0, "id") == "p1"
     assert core.disposed
 
 
@@ -404,7 +406,7 @@ def test_P16_a_broken_clock_stops_the_core_and_dispose_still_completes() -> None
         assert "clock gone" in agent.failure.message
         assert agent.log.open_turn == 1       # as after a crash: a store's load repairs it
         errors = [o for o in outputs if isinstance(o, Live) and o.event.type == "agent/error"]
-        assert errors and thaw(errors[-1].event.payload["error"]) == {  # type: ignore[index]
+        assert errors and thaw(errors[-1].event.payload["error"]) == {
             "name": "InvariantError", "code": "INVARIANT",
             "message": "[L3] step/end: the log's clock failed: clock gone"}
         statuses = [o.event.payload["status"] for o in outputs
@@ -539,7 +541,7 @@ def test_P16_an_encoder_that_fails_at_an_append_is_a_typed_refusal_handled_in_or
     """The encoder (run by every append, L1) raises RecursionError at one append: the log
     refuses that append with [L3] and changes nothing; the loop handles it as above."""
     import machine.events as events_module
-    encode = events_module.compact_json
+    from machine.jsonvalue import compact_json as encode
     count = [0]
 
     def failing(value: Any) -> str:
@@ -661,7 +663,7 @@ def test_P16_an_exception_that_is_not_an_Exception_stops_the_core_cleanly(
         assert agent.failure is not None and agent.failure.name == exit_.__name__
         assert agent.status == "idle" and agent.outstanding_effects == ()
         errors = [o for o in outputs if isinstance(o, Live) and o.event.type == "agent/error"]
-        reported = thaw(errors[-1].event.payload["error"])  # type: ignore[index]
+        reported = thaw(errors[-1].event.payload["error"])
         assert (reported["name"], reported["message"]) == (exit_.__name__, "stop")
         with pytest.raises(CoreFailedError):
             agent.followup(user("more", "p2"))

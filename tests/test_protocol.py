@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import pytest
-from scenario_helpers import Scenario, assert_failed_step, msg
+from scenario_helpers import Scenario, assert_failed_step, at, msg, obj
 
 from machine.core import NO_ROUTE_MESSAGE, AgentCore, CoreConfig
 from machine.errors import ProtocolError, ValidationError
@@ -33,7 +33,8 @@ CONFIG = {"provider": "p", "model": "m"}
 
 def _reason(s: Scenario) -> dict[str, object]:
     (turn_end,) = s.of("turn/end")
-    return thaw(turn_end.data["reason"])  # type: ignore[return-value]
+    reason: dict[str, object] = thaw(obj(turn_end.data["reason"]))
+    return reason
 
 
 # --------------------------------------------------------------------------
@@ -144,8 +145,8 @@ def test_P12_only_block_chunks_add_their_block() -> None:
                   {"type": "finish", "kind": "stop"}])
     s.followup("go")
     s.run()
-    message = s.of("assistant/message")[0].data["message"]
-    assert thaw(message["content"]) == [  # type: ignore[index]
+    message = obj(s.of("assistant/message")[0].data["message"])
+    assert thaw(message["content"]) == [
         {"type": "text", "text": "hi"}, {"type": "image", "url": "u"}]
     s.check()
 
@@ -164,9 +165,9 @@ def test_P12_an_embedder_supplied_mint_id_names_the_minted_messages() -> None:
     s.run()
     assistant = [e for e in s.core.log if e.type == "assistant/message"]
     (result,) = [e for e in s.core.log if e.type == "tool/result"]
-    assert [e.data["message"]["id"] for e in assistant] == [
+    assert [at(e.data, "message", "id") for e in assistant] == [
         f"mine-assistant-{e.seq}" for e in assistant]
-    assert result.data["message"]["id"] == f"mine-tool-result-{result.seq}"
+    assert at(result.data, "message", "id") == f"mine-tool-result-{result.seq}"
     assert minted == sorted(minted, key=lambda pair: pair[1]) and len(minted) == 3
 
 
