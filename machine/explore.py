@@ -11,8 +11,10 @@ finite alphabet, and checks every state it reaches:
   same inputs.
 
 Decisions are operations on a `Node` (a core, the other implementation, the
-monitor and the meters of `machine.reach`); a sequence of them is replayed
-from a fresh node. They are:
+monitor and the meters of `machine.reach`). A state is made by copying its
+parent's node (`AgentCore.copy`, R4.12; the other implementation's ``copy()``)
+and applying one decision; with an implementation that cannot be copied (or
+``copy_states=False``) a sequence is replayed from a fresh node. They are:
 
 * commands (`COMMANDS`: ``followup``, ``steer``, ``inject``, a quiet send,
   ``cancel`` with cause user or parent, ``cancel`` with keepInbox,
@@ -34,11 +36,11 @@ positions between any two outputs are explored.
 States are deduplicated by a canonical key of everything the future of the
 *whole node* depends on: the core (its log, queued outputs, outstanding
 effects, buffered completions, the machines' states and contents, controller
-and retry state, the loop's generator frames), the other implementation's
-complete state (read generically: its attributes and generator frames), and
-the invariant monitor's ledger. A key of the core alone would be unsound: a
-core that drops an input lands on a state some shorter path reached, and the
-node would be pruned before the model's differing outputs were compared or
+and retry state, the loop's frames: its whole explicit state, R4), the other
+implementation's complete state (its ``state_parts()``, or read generically:
+its attributes and generator frames), and the invariant monitor's ledger. A
+key of the core alone would be unsound: a core that drops an input lands on a
+state some shorter path reached, and the node would be pruned before the model's differing outputs were compared or
 the ledger polled at quiescence. Message ids are renamed by first appearance —
 messages are distinguished only by identity (symmetry reduction). Search is
 0-1 breadth-first, so the first violation found has a shortest decision

@@ -22,8 +22,12 @@ Who sees what:
 * **Lifecycle** (`machine.machines.lifecycle`) is where the loop is; every
   phase change of the loop fires one of its triggers.
 
-The loop itself is a generator (``_interval``) that yields outputs and waits
-for completions. It advances only when every queued output has been pulled,
+The loop itself is state: a stack of frames (``_frames``, one record per
+activity in progress: interval, claim, run, steps, step, tool batch, ...), each
+naming its phase; advancing the loop runs the top frame's phase, which gives
+an output, waits for completions, starts a sub-activity or ends its own
+(`machine.core.records.Frame`). So a core copies and compares as a value
+(`snapshot`, `restore`, `copy`: R4.12). The loop advances only when every queued output has been pulled,
 so the state a command sees is exactly the state at the last pulled output.
 Commands never advance the loop: they change routing state synchronously and
 queue their own outputs (rule P3). Completions are buffered and consumed when
