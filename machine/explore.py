@@ -34,17 +34,18 @@ Pulling the next output is free: it does not count towards the depth, so
 positions between any two outputs are explored.
 
 States are deduplicated by a canonical key of everything the future of the
-*whole node* depends on: the core (its log, queued outputs, outstanding
-effects, buffered completions, the machines' states and contents, controller
-and retry state, the loop's frames: its whole explicit state, R4), the other
-implementation's complete state (its ``state_parts()``, or read generically:
-its attributes and generator frames), and the invariant monitor's ledger. A
-key of the core alone would be unsound: a core that drops an input lands on a
-state some shorter path reached, and the node would be pruned before the model's differing outputs were compared or
-the ledger polled at quiescence. Message ids are renamed by first appearance —
-messages are distinguished only by identity (symmetry reduction). Search is
-0-1 breadth-first, so the first violation found has a shortest decision
-sequence; it is reported as a ready-to-paste list of input JSON objects.
+*whole node* depends on: the core (its log, queued outputs, outstanding effects,
+buffered completions, the machines' states and contents, controller and retry
+state, the loop's frames: its whole explicit state, R4), the other
+implementation's complete state (its ``state_parts()``, or read generically: its
+attributes and generator frames), and the invariant monitor's ledger. A key of
+the core alone would be unsound: a core that drops an input lands on a state
+some shorter path reached, and the node would be pruned before the model's
+differing outputs were compared or the ledger polled at quiescence. Message ids
+are renamed by first appearance — messages are distinguished only by identity
+(symmetry reduction). Search is 0-1 breadth-first, so the first violation found
+has a shortest decision sequence; it is reported as a ready-to-paste list of
+input JSON objects.
 
 Each run also reports its reach: which rule families (`machine.reach.FAMILIES`)
 and which R19 rows × commands the explored paths exercised.
