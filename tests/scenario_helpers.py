@@ -23,6 +23,12 @@ The reference scenarios themselves are written once, in ``machine/conformance/co
 (``tests/test_scenarios.py`` plays them); this harness serves the tests that play other
 scripts (``tests/test_scenario_variants.py``, ``tests/test_reentrancy.py``, the rule files).
 
+The rule-family tests (``tests/test_R*_*.py``, the machine-and-model part of
+``tests/test_protocol.py``) drive the machine (`AgentCore`) and the reference model
+(`ModelAgent`) with the same inputs: ``@both`` parametrizes a test over `IMPLEMENTATIONS`,
+``scenario(impl, ...)`` builds the `Scenario` over either, and the small readers they share
+(``tokens``, ``aborts``, ``reason_kinds``, ``at_running``, ``idle``) are defined here once.
+
 Observer failures are the driver's business in the sans-I/O design: the core never sees
 them. ``observe(..., contained=True)`` contains a raising observer the way a driver would
 (the failure is recorded in ``contained_warnings``), so a scenario can assert that the
@@ -33,7 +39,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+import pytest
 
 from machine.conformance.authoring import (
     check_log,
@@ -50,11 +58,17 @@ from machine.conformance.authoring import (
 )
 from machine.core import AgentCore, CoreConfig
 from machine.events import Event
-from machine.io import Effect, Output
+from machine.io import Control, Effect, Output
 from machine.jsonvalue import Frozen, FrozenDict, FrozenList, JsonLike, thaw
 from machine.log import SessionLog
 from machine.scripted import HOLD, Driver, ScriptedEnvironment, ok_result, text_reply
 from machine.vocabulary import ErrorInfo, Message
+
+if TYPE_CHECKING:
+    # The same files: setup.py installs model/ as machine._model, which mypy cannot follow.
+    from model import ModelAgent
+else:
+    from machine._model import ModelAgent
 
 # --------------------------------------------------------------------------
 # Frozen values read by a test: narrowed by an assertion (for the type checker too)
@@ -339,15 +353,22 @@ class Scenario:
 
 __all__ = [
     "HOLD",
+    "IMPLEMENTATIONS",
+    "RETRY",
     "USER",
     "CoreConfig",
     "ErrorInfo",
     "L",
     "Scenario",
+    "aborts",
     "arr",
     "at",
+    "at_running",
+    "both",
     "check_log",
+    "core_on",
     "event_token",
+    "idle",
     "integer",
     "live_token",
     "log_tokens",
@@ -356,12 +377,15 @@ __all__ = [
     "msg",
     "obj",
     "ok_result",
+    "reason_kinds",
     "reason_label",
     "reply_text",
     "result_with_contexts",
+    "scenario",
     "source",
     "string",
     "text_reply",
+    "tokens",
 ]
 
 
@@ -376,3 +400,72 @@ def assert_failed_step(s: Scenario, name: str, code: str, message: str) -> None:
     assert thaw(error["error"]) == {"name": name, "message": message, "code": code}
     (settled,) = s.live("agent/settled")
     assert thaw(settled["reason"]) == {"kind": "error", "error": thaw(error["error"])}
+
+
+# --------------------------------------------------------------------------
+# The rule-family tests: the machine and the reference model driven alike
+# --------------------------------------------------------------------------
+
+#: The implementations a rule-family test drives: the machine (`AgentCore`) and the reference
+#: model (`ModelAgent`); also the parametrization ids of `both`.
+IMPLEMENTATIONS: tuple[str, str] = ("machine", "model")
+
+#: ``@both``: the test runs once per implementation, its ``impl`` argument naming it.
+both: pytest.MarkDecorator = pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+
+#: A ``request-error`` hook answer that authorizes a retry (R13).
+RETRY = ("resolve", {"kind": "retry"})
+
+
+def core_on(impl: str, config: CoreConfig | None = None, *,
+            log: SessionLog | None = None) -> AgentCore:
+    """A fresh agent of *impl*: the machine's `AgentCore` for ``"machine"``, the reference
+    model's `ModelAgent` (typed as the core it stands in for) for ``"model"``; *config*
+    defaults to ``CoreConfig()`` and *log* to a fresh log."""
+    config = config if config is not None else CoreConfig()
+    if impl == "machine":
+        return AgentCore(config, log=log)
+    return cast(AgentCore, ModelAgent(config, log=log))
+
+
+def scenario(impl: str, *replies: Sequence[JsonLike] | ErrorInfo | str,
+             config: CoreConfig | None = None, seed: Sequence[Event] | None = None) -> Scenario:
+    """A `Scenario` over the machine or over the reference model (*impl*): the same scripted
+    driver, environment and inputs. With *seed*, the agent's log is seeded with those events;
+    without, it starts empty."""
+    s = Scenario(*replies, config=config, log=None if seed is None else SessionLog(seed))
+    if impl == "model":
+        s.core = core_on(impl, s.core.config, log=None if seed is None else SessionLog(seed))
+        s.driver = Driver(s.core, s.env)
+    return s
+
+
+def idle(impl: str) -> Scenario:
+    """A scenario over *impl* whose publication notices are pulled: idle, nothing pending."""
+    s = scenario(impl)
+    s.run()
+    return s
+
+
+def tokens(s: Scenario, since: int = 0) -> list[str]:
+    """Every output from output *since* on (publication notices left out), in order, in the
+    scenario notation: live notifications, durable events, effects and control outputs."""
+    return s.trace("*", "*", controls=True, since=since)
+
+
+def aborts(s: Scenario) -> list[dict[str, JsonLike]]:
+    """The payloads of the ``abort`` control outputs so far, in order."""
+    return [thaw(o.payload) for o in s.outputs if isinstance(o, Control) and o.kind == "abort"]
+
+
+def reason_kinds(s: Scenario) -> list[str]:
+    """The ``kind`` of each ``turn/end`` reason, in log order."""
+    return [str(thaw(e.data["reason"])["kind"]) for e in s.of("turn/end")]
+
+
+def at_running(s: Scenario, action: Callable[[], object]) -> None:
+    """Run *action* at the first ``agent/status running`` (once)."""
+    def observer(data: FrozenDict) -> None:
+        if data["status"] == "running":
+            action()
+    s.observe("agent/status", observer, once=True)

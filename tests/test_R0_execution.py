@@ -8,44 +8,14 @@ same inputs through the scripted driver, and requires the behaviour of the rule 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
-
 import pytest
-from scenario_helpers import Scenario, msg
+from scenario_helpers import Scenario, both, msg, scenario, tokens
 
-from machine.core import AgentCore, CoreConfig
 from machine.errors import InvariantError
 from machine.io import Control, Durable, Effect, Live, Output
 from machine.jsonvalue import FrozenDict, JsonLike, thaw
-from machine.scripted import Driver, calls_reply, model_failure
+from machine.scripted import calls_reply, model_failure
 from machine.vocabulary import ErrorInfo
-
-if TYPE_CHECKING:
-    # The same files: setup.py installs model/ as machine._model, which mypy cannot follow.
-    from model import ModelAgent
-else:
-    from machine._model import ModelAgent
-
-IMPLEMENTATIONS = ("machine", "model")
-both = pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-
-
-def scenario(impl: str, *replies: Sequence[JsonLike] | ErrorInfo | str,
-             config: CoreConfig | None = None) -> Scenario:
-    """A `Scenario` over the machine or over the reference model: the same scripted driver,
-    environment and inputs."""
-    s = Scenario(*replies, config=config)
-    if impl == "model":
-        s.core = cast(AgentCore, ModelAgent(s.core.config))
-        s.driver = Driver(s.core, s.env)
-    return s
-
-
-def tokens(s: Scenario, since: int = 0) -> list[str]:
-    """Every output after the publication notices, in order, in the scenario notation."""
-    return s.trace("*", "*", controls=True, since=since)
-
 
 # --------------------------------------------------------------------------
 # R0.1 terms: an append commits with the next seq; the effect kinds

@@ -11,42 +11,14 @@ behaviour of the rule of both.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
-
 import pytest
-from scenario_helpers import L, Scenario, msg, result_with_contexts
+from scenario_helpers import L, Scenario, both, msg, reason_kinds, result_with_contexts, scenario
 
-from machine.core import AgentCore, CoreConfig
-from machine.jsonvalue import FrozenDict, JsonLike, thaw
-from machine.scripted import Driver, calls_reply, ok_result
-from machine.vocabulary import ErrorInfo
+from machine.jsonvalue import FrozenDict, thaw
+from machine.scripted import calls_reply, ok_result
 
-if TYPE_CHECKING:
-    # The same files: setup.py installs model/ as machine._model, which mypy cannot follow.
-    from model import ModelAgent
-else:
-    from machine._model import ModelAgent
-
-IMPLEMENTATIONS = ("machine", "model")
-both = pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 ABORTED = {"content": [{"type": "text", "text": "Error: tool call aborted"}], "isError": True,
            "error": {"name": "AbortError", "code": "ABORTED"}}
-
-
-def scenario(impl: str, *replies: Sequence[JsonLike] | ErrorInfo | str,
-             config: CoreConfig | None = None) -> Scenario:
-    """A `Scenario` over the machine or over the reference model: the same scripted driver,
-    environment and inputs."""
-    s = Scenario(*replies, config=config)
-    if impl == "model":
-        s.core = cast(AgentCore, ModelAgent(s.core.config))
-        s.driver = Driver(s.core, s.env)
-    return s
-
-
-def reason_kinds(s: Scenario) -> list[str]:
-    return [str(thaw(e.data["reason"])["kind"]) for e in s.of("turn/end")]
 
 
 def batch(s: Scenario) -> list[str]:

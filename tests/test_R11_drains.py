@@ -7,47 +7,13 @@ same inputs through the scripted driver, and requires the behaviour of the rule 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, cast
+from collections.abc import Callable
 
 import pytest
-from scenario_helpers import L, Scenario
+from scenario_helpers import L, Scenario, at_running, both, scenario, tokens
 
-from machine.core import AgentCore, CoreConfig
-from machine.jsonvalue import FrozenDict, JsonLike
-from machine.scripted import Driver, calls_reply, ok_result
-from machine.vocabulary import ErrorInfo
-
-if TYPE_CHECKING:
-    # The same files: setup.py installs model/ as machine._model, which mypy cannot follow.
-    from model import ModelAgent
-else:
-    from machine._model import ModelAgent
-
-IMPLEMENTATIONS = ("machine", "model")
-both = pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-
-
-def scenario(impl: str, *replies: Sequence[JsonLike] | ErrorInfo | str,
-             config: CoreConfig | None = None) -> Scenario:
-    """A `Scenario` over the machine or over the reference model: the same scripted driver,
-    environment and inputs."""
-    s = Scenario(*replies, config=config)
-    if impl == "model":
-        s.core = cast(AgentCore, ModelAgent(s.core.config))
-        s.driver = Driver(s.core, s.env)
-    return s
-
-
-def tokens(s: Scenario, since: int = 0) -> list[str]:
-    return s.trace("*", "*", controls=True, since=since)
-
-
-def at_running(s: Scenario, action: Callable[[], object]) -> None:
-    def observer(data: FrozenDict) -> None:
-        if data["status"] == "running":
-            action()
-    s.observe("agent/status", observer, once=True)
+from machine.jsonvalue import FrozenDict
+from machine.scripted import calls_reply, ok_result
 
 
 def held_step(impl: str) -> Scenario:

@@ -11,35 +11,13 @@ through the scripted driver, and requires the behaviour of the rule of both.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
 
 import pytest
-from scenario_helpers import Scenario
+from scenario_helpers import Scenario, both, scenario
 
-from machine.core import AgentCore, CoreConfig
 from machine.jsonvalue import JsonLike, thaw
-from machine.scripted import Driver, calls_reply, model_failure
+from machine.scripted import calls_reply, model_failure
 from machine.vocabulary import ErrorInfo, LlmFailure
-
-if TYPE_CHECKING:
-    # The same files: setup.py installs model/ as machine._model, which mypy cannot follow.
-    from model import ModelAgent
-else:
-    from machine._model import ModelAgent
-
-IMPLEMENTATIONS = ("machine", "model")
-both = pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-
-
-def scenario(impl: str, *replies: Sequence[JsonLike] | ErrorInfo | str,
-             config: CoreConfig | None = None) -> Scenario:
-    """A `Scenario` over the machine or over the reference model: the same scripted driver,
-    environment and inputs."""
-    s = Scenario(*replies, config=config)
-    if impl == "model":
-        s.core = cast(AgentCore, ModelAgent(s.core.config))
-        s.driver = Driver(s.core, s.env)
-    return s
 
 
 def turn_end_reason(s: Scenario) -> JsonLike:

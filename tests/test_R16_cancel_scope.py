@@ -9,49 +9,11 @@ same inputs through the scripted driver, and requires the behaviour of the rule 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
-
 import pytest
-from scenario_helpers import Scenario
+from scenario_helpers import Scenario, aborts, both, reason_kinds, scenario, tokens
 
-from machine.core import AgentCore, CoreConfig
-from machine.io import Control
 from machine.jsonvalue import FrozenDict, JsonLike, thaw
-from machine.scripted import Driver, calls_reply, model_failure, ok_result
-from machine.vocabulary import ErrorInfo
-
-if TYPE_CHECKING:
-    # The same files: setup.py installs model/ as machine._model, which mypy cannot follow.
-    from model import ModelAgent
-else:
-    from machine._model import ModelAgent
-
-IMPLEMENTATIONS = ("machine", "model")
-both = pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-
-
-def scenario(impl: str, *replies: Sequence[JsonLike] | ErrorInfo | str,
-             config: CoreConfig | None = None) -> Scenario:
-    """A `Scenario` over the machine or over the reference model: the same scripted driver,
-    environment and inputs."""
-    s = Scenario(*replies, config=config)
-    if impl == "model":
-        s.core = cast(AgentCore, ModelAgent(s.core.config))
-        s.driver = Driver(s.core, s.env)
-    return s
-
-
-def tokens(s: Scenario, since: int = 0) -> list[str]:
-    return s.trace("*", "*", controls=True, since=since)
-
-
-def aborts(s: Scenario) -> list[dict[str, JsonLike]]:
-    return [thaw(o.payload) for o in s.outputs if isinstance(o, Control) and o.kind == "abort"]
-
-
-def reason_kinds(s: Scenario) -> list[str]:
-    return [str(thaw(e.data["reason"])["kind"]) for e in s.of("turn/end")]
+from machine.scripted import calls_reply, model_failure, ok_result
 
 
 def held_step(impl: str) -> Scenario:

@@ -10,38 +10,12 @@ the rule of both.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from scenario_helpers import Scenario, both, msg, result_with_contexts, scenario
 
-import pytest
-from scenario_helpers import Scenario, msg, result_with_contexts
-
-from machine.core import AgentCore, CoreConfig
 from machine.io import Durable, Effect
-from machine.jsonvalue import JsonLike, thaw
+from machine.jsonvalue import thaw
 from machine.log import derive_history
-from machine.scripted import Driver, calls_reply, ok_result
-from machine.vocabulary import ErrorInfo
-
-if TYPE_CHECKING:
-    # The same files: setup.py installs model/ as machine._model, which mypy cannot follow.
-    from model import ModelAgent
-else:
-    from machine._model import ModelAgent
-
-IMPLEMENTATIONS = ("machine", "model")
-both = pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-
-
-def scenario(impl: str, *replies: Sequence[JsonLike] | ErrorInfo | str,
-             config: CoreConfig | None = None) -> Scenario:
-    """A `Scenario` over the machine or over the reference model: the same scripted driver,
-    environment and inputs."""
-    s = Scenario(*replies, config=config)
-    if impl == "model":
-        s.core = cast(AgentCore, ModelAgent(s.core.config))
-        s.driver = Driver(s.core, s.env)
-    return s
+from machine.scripted import calls_reply, ok_result
 
 
 def log_length_at(s: Scenario, effect: Effect) -> int:

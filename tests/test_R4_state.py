@@ -9,48 +9,14 @@ the reference model (`ModelAgent`) with the same inputs and requires the rule of
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
-
 import pytest
-from scenario_helpers import Scenario
+from scenario_helpers import Scenario, aborts, both, reason_kinds, scenario
 
-from machine.core import AgentCore, CoreConfig
+from machine.core import CoreConfig
 from machine.events import Event
-from machine.io import Control
-from machine.jsonvalue import JsonLike, thaw
-from machine.log import SessionLog
-from machine.scripted import Answer, Driver, Reply, calls_reply, model_failure
+from machine.jsonvalue import thaw
+from machine.scripted import Answer, Reply, calls_reply, model_failure
 from machine.vocabulary import ErrorInfo
-
-if TYPE_CHECKING:
-    # The same files: setup.py installs model/ as machine._model, which mypy cannot follow.
-    from model import ModelAgent
-else:
-    from machine._model import ModelAgent
-
-IMPLEMENTATIONS = ("machine", "model")
-both = pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-
-
-def scenario(impl: str, *replies: Sequence[JsonLike] | ErrorInfo | str,
-             config: CoreConfig | None = None, seed: Sequence[Event] = ()) -> Scenario:
-    """A `Scenario` over the machine or over the reference model, on a log seeded with *seed*:
-    the same scripted driver, environment and inputs."""
-    s = Scenario(*replies, config=config, log=SessionLog(seed))
-    if impl == "model":
-        s.core = cast(AgentCore, ModelAgent(s.core.config, log=SessionLog(seed)))
-        s.driver = Driver(s.core, s.env)
-    return s
-
-
-def aborts(s: Scenario) -> list[dict[str, JsonLike]]:
-    return [thaw(o.payload) for o in s.outputs if isinstance(o, Control) and o.kind == "abort"]
-
-
-def reason_kinds(s: Scenario) -> list[str]:
-    return [str(thaw(e.data["reason"])["kind"]) for e in s.of("turn/end")]
-
 
 # --------------------------------------------------------------------------
 # R4.4 abort owner

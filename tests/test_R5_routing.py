@@ -8,49 +8,12 @@ same inputs through the scripted driver, and requires the behaviour of the rule 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
-
 import pytest
-from scenario_helpers import Scenario, msg
+from scenario_helpers import Scenario, both, idle, msg, scenario, tokens
 
-from machine.core import AgentCore, CoreConfig
 from machine.errors import DisposedError, ValidationError
 from machine.io import Durable
 from machine.jsonvalue import JsonLike, thaw
-from machine.scripted import Driver
-from machine.vocabulary import ErrorInfo
-
-if TYPE_CHECKING:
-    # The same files: setup.py installs model/ as machine._model, which mypy cannot follow.
-    from model import ModelAgent
-else:
-    from machine._model import ModelAgent
-
-IMPLEMENTATIONS = ("machine", "model")
-both = pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-
-
-def scenario(impl: str, *replies: Sequence[JsonLike] | ErrorInfo | str,
-             config: CoreConfig | None = None) -> Scenario:
-    """A `Scenario` over the machine or over the reference model: the same scripted driver,
-    environment and inputs."""
-    s = Scenario(*replies, config=config)
-    if impl == "model":
-        s.core = cast(AgentCore, ModelAgent(s.core.config))
-        s.driver = Driver(s.core, s.env)
-    return s
-
-
-def idle(impl: str) -> Scenario:
-    """A scenario whose publication notices are pulled: idle, nothing pending."""
-    s = scenario(impl)
-    s.run()
-    return s
-
-
-def tokens(s: Scenario, since: int = 0) -> list[str]:
-    return s.trace("*", "*", controls=True, since=since)
 
 
 def in_the_window(impl: str) -> Scenario:

@@ -7,46 +7,8 @@ same inputs through the scripted driver, and requires the behaviour of the rule 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
-
 import pytest
-from scenario_helpers import Scenario
-
-from machine.core import AgentCore, CoreConfig
-from machine.jsonvalue import JsonLike
-from machine.scripted import Driver
-from machine.vocabulary import ErrorInfo
-
-if TYPE_CHECKING:
-    # The same files: setup.py installs model/ as machine._model, which mypy cannot follow.
-    from model import ModelAgent
-else:
-    from machine._model import ModelAgent
-
-IMPLEMENTATIONS = ("machine", "model")
-both = pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-
-
-def scenario(impl: str, *replies: Sequence[JsonLike] | ErrorInfo | str,
-             config: CoreConfig | None = None) -> Scenario:
-    """A `Scenario` over the machine or over the reference model: the same scripted driver,
-    environment and inputs."""
-    s = Scenario(*replies, config=config)
-    if impl == "model":
-        s.core = cast(AgentCore, ModelAgent(s.core.config))
-        s.driver = Driver(s.core, s.env)
-    return s
-
-
-def idle(impl: str) -> Scenario:
-    s = scenario(impl)
-    s.run()
-    return s
-
-
-def tokens(s: Scenario) -> list[str]:
-    return s.trace("*", "*", controls=True)
+from scenario_helpers import Scenario, both, idle, scenario, tokens
 
 
 def wake_ticks(s: Scenario) -> int:

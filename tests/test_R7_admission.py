@@ -8,54 +8,14 @@ same inputs through the scripted driver, and requires the behaviour of the rule 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, cast
-
 import pytest
-from scenario_helpers import Scenario, msg
+from scenario_helpers import Scenario, aborts, at_running, both, msg, scenario, tokens
 
-from machine.core import AgentCore, CoreConfig
-from machine.io import Control
 from machine.jsonvalue import FrozenDict, JsonLike, thaw
-from machine.scripted import Driver, model_failure, text_reply
+from machine.scripted import model_failure, text_reply
 from machine.vocabulary import ErrorInfo
 
-if TYPE_CHECKING:
-    # The same files: setup.py installs model/ as machine._model, which mypy cannot follow.
-    from model import ModelAgent
-else:
-    from machine._model import ModelAgent
-
-IMPLEMENTATIONS = ("machine", "model")
-both = pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 BLOCK = {"kind": "block", "reason": "not now"}
-
-
-def scenario(impl: str, *replies: Sequence[JsonLike] | ErrorInfo | str,
-             config: CoreConfig | None = None) -> Scenario:
-    """A `Scenario` over the machine or over the reference model: the same scripted driver,
-    environment and inputs."""
-    s = Scenario(*replies, config=config)
-    if impl == "model":
-        s.core = cast(AgentCore, ModelAgent(s.core.config))
-        s.driver = Driver(s.core, s.env)
-    return s
-
-
-def tokens(s: Scenario, since: int = 0) -> list[str]:
-    return s.trace("*", "*", controls=True, since=since)
-
-
-def aborts(s: Scenario) -> list[dict[str, JsonLike]]:
-    return [thaw(o.payload) for o in s.outputs if isinstance(o, Control) and o.kind == "abort"]
-
-
-def at_running(s: Scenario, action: Callable[[], object]) -> None:
-    """Run *action* at the first ``agent/status running``."""
-    def observer(data: FrozenDict) -> None:
-        if data["status"] == "running":
-            action()
-    s.observe("agent/status", observer, once=True)
 
 
 def retained_context(impl: str) -> Scenario:

@@ -9,53 +9,13 @@ inputs through the scripted driver, and requires the behaviour of the rule of bo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, cast
-
 import pytest
-from scenario_helpers import L, Scenario, msg
+from scenario_helpers import L, at_running, both, msg, reason_kinds, scenario
 
-from machine.core import AgentCore, CoreConfig
 from machine.jsonvalue import FrozenDict, JsonLike, thaw
 from machine.log import derive_history
-from machine.scripted import Driver, calls_reply, ok_result
+from machine.scripted import calls_reply, ok_result
 from machine.vocabulary import ErrorInfo
-
-if TYPE_CHECKING:
-    # The same files: setup.py installs model/ as machine._model, which mypy cannot follow.
-    from model import ModelAgent
-else:
-    from machine._model import ModelAgent
-
-IMPLEMENTATIONS = ("machine", "model")
-both = pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-
-
-def scenario(impl: str, *replies: Sequence[JsonLike] | ErrorInfo | str,
-             config: CoreConfig | None = None) -> Scenario:
-    """A `Scenario` over the machine or over the reference model: the same scripted driver,
-    environment and inputs."""
-    s = Scenario(*replies, config=config)
-    if impl == "model":
-        s.core = cast(AgentCore, ModelAgent(s.core.config))
-        s.driver = Driver(s.core, s.env)
-    return s
-
-
-def tokens(s: Scenario, since: int = 0) -> list[str]:
-    return s.trace("*", "*", controls=True, since=since)
-
-
-def reason_kinds(s: Scenario) -> list[str]:
-    return [str(thaw(e.data["reason"])["kind"]) for e in s.of("turn/end")]
-
-
-def at_running(s: Scenario, action: Callable[[], object]) -> None:
-    def observer(data: FrozenDict) -> None:
-        if data["status"] == "running":
-            action()
-    s.observe("agent/status", observer, once=True)
-
 
 # --------------------------------------------------------------------------
 # R9.1 step hook

@@ -10,10 +10,10 @@ Internal failures (P16) are tested in tests/test_internal_failures.py.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import pytest
-from scenario_helpers import Scenario, assert_failed_step, at, msg, obj
+from scenario_helpers import Scenario, assert_failed_step, at, both, core_on, msg, obj, scenario
 
 from machine.core import NO_ROUTE_MESSAGE, AgentCore, CoreConfig
 from machine.errors import ProtocolError, ValidationError
@@ -21,12 +21,6 @@ from machine.io import Control, Durable, Effect, Live, Observer, Output, input_f
 from machine.jsonvalue import FrozenDict, JsonLike, thaw
 from machine.scripted import Driver, ScriptedEnvironment, calls_reply, model_failure, ok_result
 from machine.vocabulary import ErrorInfo
-
-if TYPE_CHECKING:
-    # The same files: setup.py installs model/ as machine._model, which mypy cannot follow.
-    from model import ModelAgent
-else:
-    from machine._model import ModelAgent
 
 CONFIG = {"provider": "p", "model": "m"}
 
@@ -275,25 +269,6 @@ def test_P13_R9_6_a_provider_or_model_that_is_not_a_string_is_INVALID_REQUEST_CO
 # model (`ModelAgent`) with the same inputs: both must show the behaviour the rule states.
 # ==========================================================================
 
-IMPLEMENTATIONS = ("machine", "model")
-both = pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-
-
-def _core(impl: str, config: CoreConfig | None = None) -> AgentCore:
-    config = config if config is not None else CoreConfig()
-    return AgentCore(config) if impl == "machine" else cast(AgentCore, ModelAgent(config))
-
-
-def _scenario(impl: str, *replies: Sequence[JsonLike] | ErrorInfo | str) -> Scenario:
-    """A `Scenario` over the machine or over the reference model: the same scripted driver,
-    environment and inputs."""
-    s = Scenario(*replies)
-    if impl == "model":
-        s.core = _core(impl, s.core.config)
-        s.driver = Driver(s.core, s.env)
-    return s
-
-
 def _json(outputs: Sequence[Output]) -> list[dict[str, JsonLike]]:
     return [o.to_json(with_time=False) if isinstance(o, Durable) else o.to_json() for o in outputs]
 
@@ -355,10 +330,10 @@ def test_P2_an_input_fed_after_output_k_is_what_an_observer_of_k_issuing_it_does
         core.inject(msg("context", "plugin:p", id="c"))
         core.steer(msg("steer again", id="s2"))
 
-    by_hand = _core(impl)
+    by_hand = core_on(impl)
     by_hand.followup(msg("go", id="g"))
     fed = _pull_by_hand(by_hand, _is_turn_start, lambda: commands(by_hand))
-    observed = _core(impl)
+    observed = core_on(impl)
     driver = Driver(observed)
     driver.on_event("turn/start", lambda _d: commands(observed), once=True)
     observed.followup(msg("go", id="g"))
@@ -373,7 +348,7 @@ def test_P2_an_input_fed_after_output_k_is_what_an_observer_of_k_issuing_it_does
 
 @both
 def test_P2_an_input_fed_one_output_later_acts_at_that_later_position(impl: str) -> None:
-    core = _core(impl)
+    core = core_on(impl)
     core.followup(msg("go", id="g"))
     fed = _pull_by_hand(core, lambda o: isinstance(o, Durable) and o.event.type == "turn/end",
                         lambda: core.steer(msg("late", id="late")))
@@ -390,7 +365,7 @@ def test_P2_an_input_fed_one_output_later_acts_at_that_later_position(impl: str)
 @both
 def test_P3_a_command_updates_the_routing_state_at_once_and_queues_only_its_own_outputs(
         impl: str) -> None:
-    s = _scenario(impl)
+    s = scenario(impl)
     s.hold("step")
     s.followup("go")
     s.run()
@@ -429,7 +404,7 @@ PAYLOAD_KEYS = {
 @both
 def test_P4_effects_carry_fresh_ids_in_request_order_and_the_payload_of_their_kind(
         impl: str) -> None:
-    s = _scenario(impl, calls_reply(("c1", "t")), "done", model_failure("overloaded", "E_BUSY"))
+    s = scenario(impl, calls_reply(("c1", "t")), "done", model_failure("overloaded", "E_BUSY"))
     s.followup("go")
     s.followup("again")
     s.run()
@@ -446,7 +421,7 @@ def test_P4_effects_carry_fresh_ids_in_request_order_and_the_payload_of_their_ki
 
 
 def _streaming(impl: str) -> tuple[Scenario, Effect]:
-    s = _scenario(impl)
+    s = scenario(impl)
     s.hold("model")
     s.followup("go")
     s.run()
@@ -493,7 +468,7 @@ def test_P5_a_stream_that_had_already_ended_is_not_released(impl: str) -> None:
 @both
 def test_P6_a_command_fed_after_a_completion_takes_effect_before_the_loop_consumes_it(
         impl: str) -> None:
-    s = _scenario(impl)
+    s = scenario(impl)
     s.hold("flush")
     s.followup("one")
     s.run()
@@ -508,7 +483,7 @@ def test_P6_a_command_fed_after_a_completion_takes_effect_before_the_loop_consum
 
 @both
 def test_P6_a_completion_value_is_taken_as_it_is_at_the_call(impl: str) -> None:
-    s = _scenario(impl, calls_reply(("c1", "t")))
+    s = scenario(impl, calls_reply(("c1", "t")))
     s.hold("tool-execute")
     s.followup("go")
     s.run()
@@ -529,7 +504,7 @@ def test_P6_a_completion_value_is_taken_as_it_is_at_the_call(impl: str) -> None:
 @both
 def test_P7_input_accepted_at_the_notice_is_cleared_into_the_reports_after_its_own_outputs(
         impl: str) -> None:
-    s = _scenario(impl)
+    s = scenario(impl)
     s.hold("step")
     s.followup("go")
     s.run()
@@ -547,7 +522,7 @@ def test_P7_input_accepted_at_the_notice_is_cleared_into_the_reports_after_its_o
 
 @both
 def test_P7_a_cancel_joined_at_the_notice_with_nothing_new_to_clear_does_nothing(impl: str) -> None:
-    s = _scenario(impl)
+    s = scenario(impl)
     s.hold("step")
     s.followup("go")
     s.run()
@@ -566,7 +541,7 @@ def test_P7_a_cancel_joined_at_the_notice_with_nothing_new_to_clear_does_nothing
 @both
 def test_P8_a_commands_outputs_come_before_the_loops_next_and_durable_ones_in_seq_order(
         impl: str) -> None:
-    s = _scenario(impl, calls_reply(("c1", "t")), "done", "after the steer")
+    s = scenario(impl, calls_reply(("c1", "t")), "done", "after the steer")
     marks: list[int] = []
     reacted: set[str] = set()
 
@@ -652,7 +627,7 @@ def test_P9_every_input_in_its_json_form_does_what_the_call_does(impl: str) -> N
     ]
 
     def run(as_json: bool) -> list[dict[str, JsonLike]]:
-        core = _core(impl)
+        core = core_on(impl)
 
         def give(value: dict[str, JsonLike]) -> None:
             if as_json:
@@ -696,7 +671,7 @@ def test_P9_every_input_in_its_json_form_does_what_the_call_does(impl: str) -> N
 def test_P14_observer_inputs_are_accepted_anywhere_even_after_teardown_and_change_nothing(
         impl: str) -> None:
     def run(with_observer_inputs: bool) -> list[dict[str, JsonLike]]:
-        s = _scenario(impl, calls_reply(("c1", "t")), "done")
+        s = scenario(impl, calls_reply(("c1", "t")), "done")
         if with_observer_inputs:
             def fail(_output: Output) -> None:
                 s.core.feed(Observer("throw"))
@@ -721,7 +696,7 @@ def test_P14_observer_inputs_are_accepted_anywhere_even_after_teardown_and_chang
 
 @both
 def test_P15_a_tick_comes_after_the_notifications_of_the_same_run_of_the_loop(impl: str) -> None:
-    s = _scenario(impl)
+    s = scenario(impl)
 
     def cancel_at_running(data: FrozenDict) -> None:
         if data["status"] == "running":
