@@ -1018,6 +1018,16 @@ class TurnTrigger:
         """The trigger of a prompt turn: the claimed prompt's source."""
         return cls("message", source)  # type: ignore[arg-type]
 
+    @classmethod
+    def _of_message(cls, message: Message) -> TurnTrigger:
+        """`for_message` of a `Message`'s source, which the message checked and froze when
+        it was made (V4), so nothing is checked again (internal to the library: the core
+        makes one per turn)."""
+        trigger = object.__new__(cls)
+        object.__setattr__(trigger, "kind", "message")
+        object.__setattr__(trigger, "source", message.source)
+        return trigger
+
     def to_json(self) -> dict[str, JsonLike]:
         out: dict[str, JsonLike] = {"kind": self.kind}
         if self.source is not None:

@@ -35,6 +35,7 @@ from machine.vocabulary import (
     Allow,
     ErrorInfo,
     Message,
+    TurnTrigger,
     decision_from_json,
     failure_text,
 )
@@ -197,7 +198,7 @@ class Admission(Run):
         if frame.admitted is not None:                            # R7.9
             self.lifecycle.fire("admit")
             self._prior_failures = []
-            return self._run(FrozenDict._adopt({"kind": "message", "source": message.source}),
+            return self._run(TurnTrigger._of_message(message),
                              list(frame.admitted), frame.inherited)
         frame.phase = Admission._claim_aborted_tick
         return self._reject()                                     # R7.10

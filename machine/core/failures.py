@@ -11,11 +11,13 @@ from machine.core.records import (
     ABORTED,
     DISPOSED,
     DONE,
+    SETTLED_ABORTED,
     Action,
     Frame,
     _Aborted,
     _Failure,
     frozen_json,
+    record_json,
 )
 from machine.events import LiveEvent
 from machine.io import Live
@@ -24,6 +26,8 @@ from machine.jsonvalue import (
     FrozenDict,
 )
 from machine.vocabulary import (
+    SettleReason,
+    TurnEndReason,
     internal_error,
 )
 
@@ -49,7 +53,7 @@ class ClassifyFrame(Frame):
     """R15: a failure being classified; ``reasons`` are set once its report is out."""
 
     failure: _Aborted | _Failure
-    reasons: tuple[FrozenDict, FrozenDict] | None = None
+    reasons: tuple[TurnEndReason, SettleReason] | None = None
 
 
 class Failures(Drains):
@@ -94,7 +98,7 @@ class Failures(Drains):
 
     def _closing_data(self, type_: str, turn: int) -> dict[str, Frozen]:
         if type_ == ev.TURN_END:
-            return {"turn": turn, "reason": self._reason}
+            return {"turn": turn, "reason": record_json(self._reason)}
         return {"turn": turn, "step": self._step}
 
     def _classify(self, failure: _Aborted | _Failure) -> ClassifyFrame:
@@ -109,22 +113,17 @@ class Failures(Drains):
             isinstance(failure, _Failure) and failure.request_failure is not None)
         if not decisions.reports_error(outcome):                  # R15.1
             self._reason = DISPOSED if outcome == "disposed" else ABORTED
-            self._settle = ABORTED
+            self._settle = SETTLED_ABORTED
             return DONE
         assert isinstance(failure, _Failure)
         error = failure.error
         if failure.request_failure is not None:                   # R15.2
-            facts = frozen_json(failure.request_failure.with_message(error.rendered()))
-            frame.reasons = (
-                FrozenDict({"kind": "error", "step": self._step, "failure": facts}),
-                FrozenDict({"kind": "error", "error": frozen_json(error), "failure": facts}))
+            facts = failure.request_failure.with_message(error.rendered())
+            frame.reasons = (TurnEndReason.request_failure(self._step, facts),
+                             SettleReason("error", error=error, failure=facts))
         else:                                                     # R15.3
-            reason: dict[str, Frozen] = {"kind": "error", "step": self._step,
-                                         "message": error.rendered()}
-            if failure.code is not None:
-                reason["code"] = failure.code
-            frame.reasons = (FrozenDict(reason),
-                             FrozenDict({"kind": "error", "error": frozen_json(error)}))
+            frame.reasons = (TurnEndReason.failed(self._step, error.rendered(), failure.code),
+                             SettleReason("error", error=error))
         frame.phase = Failures._classify_reasons
         return Live(LiveEvent(ev.ERROR, FrozenDict({"turn": self._turn, "step": self._step,
                                                    "error": frozen_json(error)})))

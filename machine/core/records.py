@@ -20,27 +20,33 @@ from machine.jsonvalue import (
     freeze,
 )
 from machine.vocabulary import (
+    END_ABORTED,
+    END_COMPLETED,
+    END_DISPOSED,
+    END_MAX_TOKENS,
+    SETTLE_ABORTED,
+    SETTLE_COMPLETED,
     CancelCause,
     ErrorInfo,
     LlmFailure,
     Message,
+    SettleReason,
     ToolResult,
+    TurnEndReason,
+    TurnTrigger,
     message_mapping,
 )
+from machine.vocabulary import RETRY_TRIGGER as RETRY
 
-COMPLETED: Final = FrozenDict({"kind": "completed"})
-
-
-ABORTED: Final = FrozenDict({"kind": "aborted"})
-
-
-DISPOSED: Final = FrozenDict({"kind": "disposed"})
-
-
-MAX_TOKENS: Final = FrozenDict({"kind": "max-tokens"})
-
-
-RETRY_TRIGGER: Final = FrozenDict({"kind": "retry"})
+#: The reasons and triggers the loop writes, as the vocabulary's typed records (V13, V19,
+#: V20); `record_json` gives their frozen JSON form where an event or notice carries one.
+COMPLETED: Final = END_COMPLETED
+ABORTED: Final = END_ABORTED
+DISPOSED: Final = END_DISPOSED
+MAX_TOKENS: Final = END_MAX_TOKENS
+SETTLED_COMPLETED: Final = SETTLE_COMPLETED
+SETTLED_ABORTED: Final = SETTLE_ABORTED
+RETRY_TRIGGER: Final = RETRY
 
 
 APPEND: Final = "append"
@@ -247,8 +253,26 @@ def frozen_message(message: Message) -> FrozenDict:
     return message_mapping(message)
 
 
-def frozen_json(value: CancelCause | ErrorInfo | LlmFailure | ToolResult) -> FrozenDict:
+def frozen_json(value: CancelCause | ErrorInfo | LlmFailure | ToolResult | TurnEndReason
+                | SettleReason | TurnTrigger) -> FrozenDict:
     # Why the envelope bound: the parts were checked on entry; the wrapping adds a level (V1).
     frozen = freeze(value.to_json(), "value", max_depth=None)
     assert isinstance(frozen, FrozenDict)
     return frozen
+
+
+#: The frozen JSON of the constant records, made once (they live as long as the module).
+_CONSTANT_JSON: Final = {id(record): frozen_json(record) for record in (
+    COMPLETED, ABORTED, DISPOSED, MAX_TOKENS, SETTLED_COMPLETED, SETTLED_ABORTED, RETRY_TRIGGER)}
+
+
+def record_json(record: TurnEndReason | SettleReason | TurnTrigger) -> FrozenDict:
+    """The frozen JSON form of a reason or trigger, as ``turn/start``, ``turn/end`` and
+    ``agent/settled`` carry it."""
+    cached = _CONSTANT_JSON.get(id(record))
+    if cached is not None:
+        return cached
+    if type(record) is TurnTrigger and record.source is not None:
+        # Why not to_json: it thaws the source, which is frozen already (V13).
+        return FrozenDict._adopt({"kind": record.kind, "source": record.source}, 0)
+    return frozen_json(record)

@@ -12,6 +12,7 @@ from machine.core.records import (
     DONE,
     MAX_TOKENS,
     RETRY_TRIGGER,
+    SETTLED_COMPLETED,
     Action,
     Frame,
     _Aborted,
@@ -20,6 +21,7 @@ from machine.core.records import (
     _StepOutcome,
     _Wait,
     frozen_json,
+    record_json,
 )
 from machine.core.step import Step
 from machine.events import LiveEvent
@@ -34,6 +36,7 @@ from machine.jsonvalue import (
 from machine.vocabulary import (
     ErrorInfo,
     Message,
+    TurnTrigger,
     internal_error,
 )
 
@@ -44,7 +47,7 @@ class RunFrame(Frame):
     and how much staged context it inherited), how many admitted messages are appended, its
     turn, and the flush effect and its failure."""
 
-    trigger: FrozenDict
+    trigger: TurnTrigger
     admitted: tuple[Message, ...]
     inherited: int
     appended: int = 0
@@ -63,7 +66,7 @@ class StepsFrame(Frame):
 class Run(Step):
     """The run of an admitted prompt, retries included (R8, R12, R13)."""
 
-    def _run(self, trigger: FrozenDict, admitted: list[Message], inherited: int) -> RunFrame:
+    def _run(self, trigger: TurnTrigger, admitted: list[Message], inherited: int) -> RunFrame:
         return RunFrame(phase=Run._run_turn, trigger=trigger, admitted=tuple(admitted),
                         inherited=inherited)
 
@@ -72,10 +75,11 @@ class Run(Step):
         self.window.fire("start_run")
         turn = frame.turn = self._turn = self.log.last_turn + 1
         self._reason = COMPLETED
-        self._settle = COMPLETED
+        self._settle = SETTLED_COMPLETED
         self._step = 0
         try:
-            started = self._commit(ev.TURN_START, {"turn": turn, "trigger": frame.trigger})  # R8.2
+            started = self._commit(ev.TURN_START, {"turn": turn,
+                                                   "trigger": record_json(frame.trigger)})  # R8.2
         except Exception as error:                                # P16: no turn at all
             return self._not_started(frame, error)
         frame.phase = Run._run_inherited
@@ -168,8 +172,8 @@ class Run(Step):
             frame.appended = 0
             return Run._run_turn(self, frame, None)
         frame.phase = Failures._finished
-        return Live(LiveEvent(ev.SETTLED, FrozenDict._adopt({"turn": frame.turn,
-                                                      "reason": self._settle})))
+        return Live(LiveEvent(ev.SETTLED, FrozenDict._adopt({
+            "turn": frame.turn, "reason": record_json(self._settle)})))
 
     def _steps_begin(self, frame: StepsFrame, _sent: object) -> Action:
         """R8.4-R8.5: the step loop of one turn."""

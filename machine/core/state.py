@@ -67,13 +67,22 @@ from collections.abc import Callable
 from typing import Literal
 
 from machine.core.config import CoreConfig
-from machine.core.records import COMPLETED, Frame, _Controller, _EffectRecord, _Mail, _Queued, _Retro
+from machine.core.records import (
+    COMPLETED,
+    SETTLED_COMPLETED,
+    Frame,
+    _Controller,
+    _EffectRecord,
+    _Mail,
+    _Queued,
+    _Retro,
+)
 from machine.io import Effect
 from machine.jsonvalue import FrozenDict
 from machine.log import SessionLog
 from machine.machines import Inbox, Lifecycle, Outbox, Window
 from machine.machines.lifecycle import IN_TURN
-from machine.vocabulary import CancelCause, ErrorInfo
+from machine.vocabulary import CancelCause, ErrorInfo, SettleReason, TurnEndReason
 
 #: R4.11 (2): the lifecycle states in which an abort owner exists.
 OWNED = frozenset({"admitting", *IN_TURN, "closing"})
@@ -115,8 +124,8 @@ class CoreState:
         # Per-turn record and the header flag.
         self._turn = 0
         self._step = 0
-        self._reason: FrozenDict = COMPLETED
-        self._settle: FrozenDict = COMPLETED
+        self._reason: TurnEndReason = COMPLETED        # V19: what turn/end will carry
+        self._settle: SettleReason = SETTLED_COMPLETED  # V20: what agent/settled will carry
         self._header_logged = False
         # Disposal and stop.
         self._disposing = False
