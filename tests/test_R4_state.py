@@ -99,15 +99,18 @@ def test_R4_6_wake_pending_spans_from_the_wake_request_until_the_wake_runs(impl:
         seen.setdefault(name, s.core.wake_pending)
     s.observe("agent/inbox/enqueue", lambda _d: at("enqueue"))
     s.observe("agent/status", lambda _d: at("running"))
-    assert not s.core.wake_pending
+
+    def pending() -> bool:  # a call: mypy would keep an asserted s.core.wake_pending narrowed
+        return s.core.wake_pending
+    assert not pending()
     s.followup("go")
-    assert s.core.wake_pending                      # requested by the send
+    assert pending()                                # requested by the send
     s.hold("tick")
     s.run()
-    assert s.core.wake_pending and seen == {"enqueue": True}
+    assert pending() and seen == {"enqueue": True}
     s.resolve("tick")                               # the wake runs: cleared before it claims
     assert seen == {"enqueue": True, "running": False}
-    assert not s.core.wake_pending
+    assert not pending()
 
 
 # --------------------------------------------------------------------------
@@ -201,7 +204,8 @@ def test_R4_9_an_effective_cancel_clears_the_pending_retry(impl: str) -> None:
     s.hold("flush")
     s.followup("go")
     s.run()
-    assert s.core.retry_pending
+    pending = s.core.retry_pending  # a local: mypy would keep s.core.retry_pending narrowed below
+    assert pending
     s.cancel()
     assert not s.core.retry_pending
     s.resolve("flush")

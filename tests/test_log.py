@@ -831,7 +831,8 @@ def test_L8_steering_names_the_open_turn_and_carries_a_user_message() -> None:
 
 def test_L8_request_header_shape_and_last_header() -> None:
     log = new_log()
-    assert log.last_header is None and not log.has_header
+    last, has = log.last_header, log.has_header  # locals: mypy would keep both narrowed below
+    assert last is None and not has
     turn_start(log, 1)
     rejected(log, "L8", "data.reason", lambda: header(log, reason="because"))
     rejected(log, "L8", "data.header", lambda: log.append(

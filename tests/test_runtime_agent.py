@@ -102,7 +102,8 @@ def test_async_with_publishes_to_early_listeners_and_disposes_on_exit() -> None:
                 entered.on(kind, lambda e: live.append(e.type))
             agent.followup("hi")
             await agent.when_idle()
-            assert not agent.disposed
+            disposed = agent.disposed  # a local: mypy would keep agent.disposed narrowed below
+            assert not disposed
         assert agent.disposed
         with pytest.raises(DisposedError):
             agent.followup("too late")

@@ -169,7 +169,8 @@ def test_RT18_an_interrupt_leaving_asyncio_run_leaves_an_agent_that_a_new_loop_d
     with pytest.raises(KeyboardInterrupt):
         asyncio.run(first())
     agent = agent_box[0]
-    assert not agent.disposed
+    disposed = agent.disposed  # a local: mypy would keep agent.disposed narrowed below
+    assert not disposed
 
     async def second() -> None:
         await agent.dispose(timeout=30)
