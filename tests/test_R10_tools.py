@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from scenario_helpers import L, Scenario, at, obj, string
 
-from machine.core import CoreConfig
-from machine.jsonvalue import thaw
+from machine.core import CoreConfig, normalized
+from machine.jsonvalue import FrozenDict, FrozenList, thaw
 from machine.scripted import HOLD, calls_reply, ok_result
-from machine.vocabulary import ErrorInfo
+from machine.vocabulary import ErrorInfo, Message, ToolResult
 
 TOOL_ERROR = ErrorInfo("tool exploded", "ToolError", "E_TOOL")
 
@@ -311,3 +311,25 @@ def test_R10_12_a_raising_finalize_replaces_the_result_and_the_batch_goes_on() -
     assert _result_text(s, 0) == [{"type": "text", "text": "Error: tool exploded"}]
     assert [e.payload["callId"] for e in s.effects("tool-finalize")] == ["c1", "c2"]
     s.check()
+
+
+def test_R10_4_V16_normalizing_a_result_keeps_everything_but_the_field_it_drops() -> None:
+    """R10.4 step 2 (V16): a successful result loses its ``error`` and an error result its
+    ``concludesTurn``; content, contexts and meta stay as they were."""
+    context = Message(id="ctx", role="user", content=FrozenList((FrozenDict(
+        {"type": "text", "text": "c"}),)), source=FrozenDict({"kind": "plugin", "plugin": "t"}))
+    content = FrozenList((FrozenDict({"type": "text", "text": "done"}),))
+    success = ToolResult(content=content, error=FrozenDict({"name": "E", "code": "X"}),
+                         additional_contexts=(context,), concludes_turn=True,
+                         meta=FrozenDict({"m": 1}))
+    kept = normalized(success)
+    assert kept.error is None and not kept.is_error
+    assert (kept.content, kept.additional_contexts, kept.concludes_turn, kept.meta) == (
+        content, (context,), True, FrozenDict({"m": 1}))
+    failure = ToolResult(content=content, is_error=True, concludes_turn=True,
+                         error=FrozenDict({"name": "E", "code": "X"}),
+                         additional_contexts=(context,), meta=FrozenDict({"m": 2}))
+    kept = normalized(failure)
+    assert not kept.concludes_turn and kept.is_error
+    assert (kept.content, kept.error, kept.additional_contexts, kept.meta) == (
+        content, FrozenDict({"name": "E", "code": "X"}), (context,), FrozenDict({"m": 2}))

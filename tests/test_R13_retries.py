@@ -204,3 +204,23 @@ def test_R13_5_a_cancel_after_recovery_drops_the_retry_and_keeps_the_error(
     (settled,) = s.live("agent/settled")
     reason = thaw(settled["reason"])
     assert set(reason) == {"kind", "error", "failure"} and reason["failure"] == FAILURE
+
+
+@both
+def test_R13_2_R15_1_a_model_failure_after_a_cancel_goes_to_no_recovery(impl: str) -> None:
+    """R13.2 with R15.1: when a final model failure arrives after the run's signal was
+    aborted, the step ends, no request-error is requested (recovery is for a live run), no
+    retry can follow, and the turn and its settlement say aborted."""
+    s = scenario(impl)
+
+    def cancel_then_fail(_effect: Effect) -> ErrorInfo:
+        s.cancel("user")
+        return model_failure("overloaded", "E_BUSY")
+    s.handle("model", cancel_then_fail)
+    s.followup("go")
+    s.run()
+    assert s.effects("request-error") == []
+    assert [e.type for e in s.core.log][-2:] == ["step/end", "turn/end"]
+    assert thaw(s.of("turn/end")[0].data["reason"]) == {"kind": "aborted"}
+    assert [thaw(r["reason"]) for r in s.live("agent/settled")] == [{"kind": "aborted"}]
+    assert not s.core.retry_pending and s.live("agent/error") == []

@@ -102,6 +102,24 @@ def test_R9_6_a_header_that_differs_only_in_number_type_is_logged_as_a_change() 
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(("chunk", "message"), [
+    ({"type": "finish", "kind": "stop", "usage": {"inputTokens": 1}},
+     "invalid chunk: a finish chunk carries no usage; usage is its own chunk"),
+    ({"type": "sparkle"},
+     "invalid chunk: 'sparkle' is not a chunk type (one of "
+     "block, finish, reasoning, text, tool-call, usage)"),
+])
+def test_R9_7_D5_an_invalid_chunk_fails_the_step_with_InvalidChunkError_saying_what_is_wrong(
+        chunk: dict[str, Any], message: str) -> None:
+    """R9.7 / D5 (P12): a finish chunk carrying usage, or a chunk of a type that is not one
+    of the chunk types (named, in order), fails the step with that exact text (R15.4)."""
+    s = Scenario([chunk])
+    s.followup("go")
+    s.run()
+    assert_failed_step(s, "InvalidChunkError", "INVALID_CHUNK", message)
+    assert s.of("assistant/message") == []
+
+
 def test_R9_7_R15_4_end_before_any_finish_chunk_fails_with_InvalidChunkError_saying_so() -> None:
     s = Scenario([{"type": "text", "text": "no finish"}])
     s.followup("go")

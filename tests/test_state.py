@@ -131,3 +131,12 @@ def test_R4_the_spec_inventory_maps_one_to_one_onto_the_state() -> None:
     methods = {name for name in others if hasattr(AgentCore, name)}
     log_reads = {"open_turn", "open_step", "last_turn"}
     assert others - methods - log_reads == set(), sorted(others - methods - log_reads)
+
+
+def test_R4_11_a_wait_without_a_loop_is_named_on_its_own() -> None:
+    """R4.11 (5), its second half: an idle core (so the first half holds) whose loop is
+    said to wait for a completion, with no loop to wait in."""
+    core = AgentCore()
+    assert core.coupling_problems() == []
+    core._wait = frozenset({0})
+    assert core.coupling_problems() == ["(5) the loop waits but does not exist"]

@@ -180,13 +180,12 @@ class _Aborted(Exception):
 
 
 class _Failure(Exception):
-    """A generic or request failure inside a turn (R15)."""
+    """A generic or request failure inside a turn (R15); its code is its error's."""
 
-    def __init__(self, error: ErrorInfo, *, code: str | None = None,
-                 request_failure: LlmFailure | None = None) -> None:
+    def __init__(self, error: ErrorInfo, *, request_failure: LlmFailure | None = None) -> None:
         super().__init__(error.rendered())
         self.error = error
-        self.code = code if code is not None else error.code
+        self.code = error.code
         self.request_failure = request_failure
 
 

@@ -220,8 +220,8 @@ class Step(ToolBatch):
         try:
             frame.system = freeze(system, "system")
         except ValidationError as bad_system:
-            raise _Failure(ErrorInfo(str(bad_system), "InvalidSystemPromptError", "INVALID_SYSTEM_PROMPT"),
-                           code="INVALID_SYSTEM_PROMPT") from None
+            raise _Failure(ErrorInfo(str(bad_system), "InvalidSystemPromptError",
+                                     "INVALID_SYSTEM_PROMPT")) from None
         self._check_signal()
         self.lifecycle.fire("request")
         frame.history_end = len(self.log)                         # R9.4
@@ -396,8 +396,7 @@ class Step(ToolBatch):
         try:
             header = freeze(value, "header")
         except ValidationError as problem:
-            raise _Failure(ErrorInfo(str(problem), "RequestConfigError", "INVALID_REQUEST_CONFIG"),
-                           code="INVALID_REQUEST_CONFIG") from None
+            raise _Failure(ErrorInfo(str(problem), "RequestConfigError", "INVALID_REQUEST_CONFIG")) from None
         problem_text: str | None = None
         if not isinstance(header, FrozenDict) or not isinstance(header.get("config"), FrozenDict):
             problem_text = "the request header must be a mapping {config, system?, tools?}"
@@ -414,8 +413,7 @@ class Step(ToolBatch):
                     problem_text = f"the request config's {key} must be a string"
                     break
         if problem_text is not None:
-            raise _Failure(ErrorInfo(problem_text, "RequestConfigError", "INVALID_REQUEST_CONFIG"),
-                           code="INVALID_REQUEST_CONFIG")
+            raise _Failure(ErrorInfo(problem_text, "RequestConfigError", "INVALID_REQUEST_CONFIG"))
         assert isinstance(header, FrozenDict)
         return header
 

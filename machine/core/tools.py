@@ -274,7 +274,7 @@ class ToolBatch(Failures):
         if batch.failed_at is not None:                           # R10.9
             failed = calls[batch.failed_at]
             assert failed.error is not None
-            raise _Failure(failed.error, code="INVALID_TOOL_RESULT")
+            raise _Failure(failed.error)
         frame.result = batch.concluded
         if self._aborted():                                       # R10.7 synthetic pairs
             frame.synthetic = batch.next_start
