@@ -112,6 +112,33 @@ def test_R16_3_a_cancel_joined_at_the_notice_gives_its_cause_to_the_pending_abor
     assert aborts(s) == [{"signal": 2, "reason": {"kind": "parent"}}]
 
 
+@both
+def test_R16_3_D9_a_cancel_joined_at_a_keepInbox_notice_reports_new_input_after_its_enqueue(
+        impl: str) -> None:
+    """D9 (P7): at the notice of a keepInbox cancel (which cleared nothing queued), an
+    observer queues 'late' and cancels again: the joined cancel clears the queue, and its
+    discard report comes after the enqueue notice of the item it lists, and ahead of the
+    pending abort, which carries the joined cancel's cause."""
+    s = held_step(impl)
+
+    def join(data: FrozenDict) -> None:
+        if thaw(data["cause"])["kind"] == "user":
+            s.followup("late")
+            s.cancel("parent")
+    s.observe("agent/cancel-requested", join)
+    s.cancel("user", keep_inbox=True)
+    s.pump()
+    order = [(o.event.type, o.event.payload) for o in s.driver.live(
+        "agent/inbox/enqueue", "agent/inbox/discard")]
+    enqueued = [i for i, (t, p) in enumerate(order) if t == "agent/inbox/enqueue"
+                and thaw(p["message"])["content"][0]["text"] == "late"]
+    discarded = [i for i, (t, p) in enumerate(order) if t == "agent/inbox/discard"
+                 and "late" in [m["content"][0]["text"] for m in thaw(p["messages"])]]
+    assert len(enqueued) == 1 and len(discarded) == 1 and enqueued[0] < discarded[0]
+    assert s.live_tokens("agent/cancel-requested") == ["cancel-req(user)", "cancel-req(parent)"]
+    assert aborts(s) == [{"signal": 2, "reason": {"kind": "parent"}}]
+
+
 # --------------------------------------------------------------------------
 # R16.4 by moment
 # --------------------------------------------------------------------------

@@ -74,15 +74,16 @@ def test_R4_12_a_core_restored_at_every_position_of_every_vector_continues_ident
     assert len(vectors) > 200 and subject.restored > 10_000
 
 
-def _mid_turn() -> tuple[AgentCore, Effect]:
-    """A core inside a turn, waiting for its step hook, with a prompt queued behind."""
+def _mid_turn(first: str = "a", second: str = "b") -> tuple[AgentCore, Effect]:
+    """A core inside a turn, waiting for its step hook, with a prompt queued behind: the
+    prompts' ids are *first* (in the log by now) and *second* (queued)."""
     core = AgentCore(CoreConfig(request_options={"provider": "p", "model": "m"}, publish=False))
-    core.followup(_msg("a"))
+    core.followup(_msg(first))
     while True:
         for output in core.drain_outputs():
             if isinstance(output, Effect):
                 if output.kind == "step":
-                    core.followup(_msg("b"))
+                    core.followup(_msg(second))
                     return core, output
                 core.resolve(output.id, {"kind": "allow"} if output.kind == "prompt-submit"
                              else None)
@@ -144,6 +145,29 @@ def test_R4_12_the_symmetric_key_equates_states_that_differ_only_in_message_ids(
     assert one.snapshot() != other.snapshot()
     assert one.snapshot().key(symmetric=True) == other.snapshot().key(symmetric=True)
     other.followup(_msg("m2", "another text"))
+    assert one.snapshot().key(symmetric=True) != other.snapshot().key(symmetric=True)
+
+
+def test_R4_12_the_symmetric_key_renames_ids_in_the_log_and_the_state_alike() -> None:
+    """The symmetry holds across the log and the rest of the state: the same turn on
+    prompts named differently (swapped names included) gives one symmetric key; one more
+    queued prompt does not."""
+    a, _ = _mid_turn("a", "b")
+    b, _ = _mid_turn("x1", "y2")
+    swapped, _ = _mid_turn("b", "a")
+    assert len(a.log) > 0 and a.snapshot() != b.snapshot()
+    assert a.snapshot().key(symmetric=True) == b.snapshot().key(symmetric=True)
+    assert swapped.snapshot().key(symmetric=True) == a.snapshot().key(symmetric=True)
+    c, _ = _mid_turn("a", "a2")
+    c.followup(_msg("c3"))
+    assert c.snapshot().key(symmetric=True) != a.snapshot().key(symmetric=True)
+
+
+def test_R4_12_snapshots_tell_apart_states_that_differ_only_in_a_message_s_content() -> None:
+    one, other = AgentCore(), AgentCore()
+    one.followup(_msg("m1", "hello"))
+    other.followup(_msg("m1", "goodbye"))
+    assert one.snapshot() != other.snapshot()
     assert one.snapshot().key(symmetric=True) != other.snapshot().key(symmetric=True)
 
 

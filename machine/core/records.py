@@ -104,12 +104,6 @@ class _Wait:
     def __repr__(self) -> str:
         return f"_Wait(ids={set(self.ids)!r})"
 
-    def __eq__(self, other: object) -> bool:
-        return type(other) is _Wait and other.ids == self.ids
-
-    def __hash__(self) -> int:
-        return hash(self.ids)
-
 
 @dataclass(slots=True)
 class _DiscardSlot:

@@ -95,38 +95,35 @@ def duplicate_state(source: CoreState, target: CoreState, log: SessionLog) -> No
 _ADDRESS: Final = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
-def canonical(value: Any, ids: dict[str, str] | None, depth: int = 0) -> object:
+def canonical(value: Any, ids: dict[str, str] | None) -> object:
     """A value built of tuples, strings and numbers that is equal for two states exactly
     when they are equal as data. With *ids*, every message id met is renamed to its order of
     first appearance (symmetry: messages are told apart only by identity)."""
     kind = value.__class__
     if value is None or kind in (bool, int, float, str):
         return value
-    if depth > 60:
-        return _ADDRESS.sub("", repr(value))
     if kind in (list, tuple, deque):
-        return (kind.__name__, tuple(canonical(item, ids, depth + 1) for item in value))
+        return (kind.__name__, tuple(canonical(item, ids) for item in value))
     if kind in (set, frozenset):
-        return (kind.__name__, tuple(sorted(repr(canonical(item, ids, depth + 1))
+        return (kind.__name__, tuple(sorted(repr(canonical(item, ids))
                                             for item in value)))
     if kind is dict:
-        return ("dict", tuple((repr(key), canonical(item, ids, depth + 1))
+        return ("dict", tuple((repr(key), canonical(item, ids))
                               for key, item in value.items()))
     if kind in (Inbox, Outbox, Window, Lifecycle):
-        return (kind.__name__, tuple((name, canonical(getattr(value, name), ids, depth + 1))
+        return (kind.__name__, tuple((name, canonical(getattr(value, name), ids))
                                      for name in kind.__slots__))
     if isinstance(value, (types.FunctionType, types.MethodType)):
         return value.__qualname__                       # a phase, by name
     if ids is not None and kind.__name__ == "Message":
         renamed = ids.setdefault(value.id, f"#{len(ids)}")
-        return ("Message", renamed, canonical(dataclasses.replace(value, id="#"), None, depth + 1))
+        return ("Message", renamed, canonical(dataclasses.replace(value, id="#"), None))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return (kind.__name__, tuple((field.name, canonical(getattr(value, field.name), ids,
-                                                            depth + 1))
+        return (kind.__name__, tuple((field.name, canonical(getattr(value, field.name), ids))
                                      for field in dataclasses.fields(value)))
     if isinstance(value, BaseException):
         return (kind.__name__, repr(value.args), tuple(
-            (name, canonical(item, ids, depth + 1))
+            (name, canonical(item, ids))
             for name, item in sorted(vars(value).items())))
     text = _ADDRESS.sub("", repr(value))
     if ids is not None:                                 # message mappings in frozen JSON
