@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 from scenario_helpers import L, Scenario, both, msg, reason_kinds, result_with_contexts, scenario
 
+from machine.core import CoreConfig
 from machine.jsonvalue import FrozenDict, thaw
 from machine.scripted import calls_reply, ok_result
 
@@ -59,6 +60,44 @@ def test_R10_5_tool_contexts_and_routed_input_share_the_outbox_in_arrival_order(
         "TC(1.1;c1) TR(1.1;c1;ok) TC(1.1;c2) TR(1.1;c2;ok) UM('ctx of c1';plugin:t) "
         "UM('injected';plugin:test) STM(1;'steered';user)")
     assert batch(s)[7:9] == L("UM('ctx of c2';plugin:t) SE(1.1)")
+
+
+@both
+def test_R10_5_R10_2_an_exclusive_call_after_a_pool_with_room_waits_for_the_pool_then_runs_alone(
+        impl: str) -> None:
+    """R10.2 (with R10.5 ordering): a pool of parallel calls with room for more (limit 3, two
+    calls) ends at the first exclusive call; that call starts only once the pool's calls
+    are taken, and every result is committed in model order."""
+    config = CoreConfig(request_options={"provider": "p", "model": "m"}, publish=False,
+                        tool_modes={"t": "parallel"}, max_parallel_tool_calls=3)
+    s = scenario(impl, calls_reply(("c1", "t"), ("c2", "t"), ("c3", "u")), "done",
+                 config=config)
+    s.followup("go")
+    s.run()
+    executes = [str(e.payload["callId"]) for e in s.effects("tool-execute")]
+    assert executes == ["c1", "c2", "c3"]
+    assert batch(s)[:6] == L("TC(1.1;c1) TC(1.1;c2) TR(1.1;c1;ok) TR(1.1;c2;ok) "
+                             "TC(1.1;c3) TR(1.1;c3;ok)")
+    assert reason_kinds(s) == ["completed"]
+
+
+@both
+def test_R10_2_an_exclusive_call_after_a_pool_answered_at_prepare_starts_at_once(
+        impl: str) -> None:
+    """R10.2 / R10.3: pool calls that prepare answers with a final result are never in
+    flight; the exclusive call after them starts as soon as the pool has none left."""
+    config = CoreConfig(request_options={"provider": "p", "model": "m"}, publish=False,
+                        tool_modes={"t": "parallel"}, max_parallel_tool_calls=3)
+    s = scenario(impl, calls_reply(("c1", "t"), ("c2", "t"), ("c3", "u")), "done",
+                 config=config)
+    s.handle("tool-prepare", lambda e: (
+        ("resolve", {"content": [{"type": "text", "text": "pre"}]})
+        if e.payload["callId"] != "c3" else ("resolve", None)))
+    s.followup("go")
+    s.run()
+    assert [str(e.payload["callId"]) for e in s.effects("tool-execute")] == ["c3"]
+    assert [e.data["callId"] for e in s.of("tool/call")] == ["c1", "c2", "c3"]
+    assert len(s.of("tool/result")) == 3 and reason_kinds(s) == ["completed"]
 
 
 # --------------------------------------------------------------------------

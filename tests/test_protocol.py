@@ -17,7 +17,7 @@ from scenario_helpers import Scenario, assert_failed_step, at, both, core_on, ms
 
 from machine.core import NO_ROUTE_MESSAGE, AgentCore, CoreConfig
 from machine.errors import ProtocolError, ValidationError
-from machine.io import Control, Durable, Effect, Live, Observer, Output, input_from_json
+from machine.io import Append, Control, Durable, Effect, Live, Observer, Output, input_from_json
 from machine.jsonvalue import FrozenDict, JsonLike, thaw
 from machine.scripted import Driver, ScriptedEnvironment, calls_reply, model_failure, ok_result
 from machine.vocabulary import ErrorInfo
@@ -608,6 +608,18 @@ def _call(core: AgentCore, value: dict[str, JsonLike]) -> None:
         core.end(cast(int, effect))
     else:
         assert kind == "observer"                     # P14: nothing for the core to do
+
+
+@both
+def test_P9_an_append_input_carries_its_surface_op_and_its_sources(impl: str) -> None:
+    """P9: ``feed(Append(...))`` is ``append(...)`` with every field: the surface operation
+    and the source event seqs reach the event."""
+    core = core_on(impl)
+    core.feed(Append("user/message", msg("first", id="u1"), surface_op="append"))
+    core.feed(Append("user/message", msg("second", id="u2"), surface_op="append",
+                     source_event_seqs=(0,)))
+    event = core.log[-1]
+    assert (event.surface_op, list(event.source_event_seqs or ())) == ("append", [0])
 
 
 @both

@@ -140,3 +140,15 @@ def test_R4_11_a_wait_without_a_loop_is_named_on_its_own() -> None:
     assert core.coupling_problems() == []
     core._wait = frozenset({0})
     assert core.coupling_problems() == ["(5) the loop waits but does not exist"]
+
+
+def test_R4_11_the_owner_coupling_says_whether_the_owner_is_missing_or_extra() -> None:
+    """R4.11 (2): the problem names which way the coupling broke."""
+    core, _ = _running_core()
+    core._owner = None
+    assert [p for p in core.coupling_problems() if p.startswith("(2)")] == [
+        f"(2) an abort owner is missing while the lifecycle is {core.lifecycle.state!r}"]
+    idle = AgentCore()
+    idle._owner = idle._ctrl = _Controller(1, "run")
+    assert [p for p in idle.coupling_problems() if p.startswith("(2)")] == [
+        "(2) an abort owner exists while the lifecycle is 'idle'"]

@@ -189,11 +189,10 @@ class Outputs(CoreState):
             frame = frames[-1]
             handler = frame.handler
             if handler is not None:
+                # Why no guard around it: a handler only starts the failed turn's closing;
+                # should it raise, no frame below it has a handler, so the core stops (P16).
                 frame.handler = None
-                try:
-                    return handler(self, frame, error)
-                except Exception as again:
-                    error = again
+                return handler(self, frame, error)
             frames.pop()
         raise error
 
