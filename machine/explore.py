@@ -62,6 +62,7 @@ import re
 import sys
 import time
 import types
+from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -85,13 +86,15 @@ from machine.io import (
     Resolve,
     Send,
 )
-from machine.jsonvalue import JsonLike
+from machine.jsonvalue import FrozenDict, FrozenList, JsonLike, compact_json
 from machine.log import SessionLog
 from machine.reach import FamilyTracker, PositionTracker, command_kind
 from machine.vocabulary import FOLLOWUP, INJECT, STEER, ErrorInfo, LlmFailure
 
 #: ("pull",) | ("drain",) | ("cmd", name) | ("ans", kind, variant) | ("macro", name)
 Action = tuple[str, ...]
+#: An input fed, an output pulled, or a note (JSON) of a path.
+Step = Input | Output | dict[str, JsonLike]
 
 COMMANDS: dict[str, Callable[[str], Input]] = {
     "followup": lambda mid: Send(_msg(mid), FOLLOWUP, preset="followup"),
@@ -212,7 +215,8 @@ class Node:
     positions: PositionTracker
     inputs: list[Input] = field(default_factory=list)
     outputs: list[Output] = field(default_factory=list)
-    steps: list[dict[str, JsonLike]] = field(default_factory=list)
+    #: the inputs fed and the outputs pulled, in order (as JSON in a `Divergence`)
+    steps: list[Step] = field(default_factory=list)
     other_outputs: list[Output] = field(default_factory=list)
     #: (R19 row, command kind) of the last decision, if it was a command at a classified position
     last_cell: tuple[int, str] | None = None
@@ -229,8 +233,10 @@ class Divergence(TurnstileError):
 
     code = "DIVERGENCE"
 
-    def __init__(self, message: str, steps: Sequence[dict[str, JsonLike]]) -> None:
-        self.steps = list(steps)
+    def __init__(self, message: str, steps: Sequence[Step]) -> None:
+        # Why here: a step is written as JSON only when a violation reports it.
+        self.steps: list[dict[str, JsonLike]] = [
+            step if isinstance(step, dict) else step.to_json() for step in steps]
         super().__init__(message)
 
 
@@ -291,6 +297,7 @@ class Explorer:
         self.macros = tuple(macros)
         self.copy_states = copy_states
         self._texts = _Texts()
+        self._emitter = _Emitter(self._texts)
 
     # -- nodes and decisions ---------------------------------------------------------
     def root(self) -> Node:
@@ -376,8 +383,14 @@ class Explorer:
                     raise Divergence(f"output #{len(node.outputs) + 1} differs:\n  machine: none "
                                      f"(waits)\n  other:   {theirs.to_json()}", node.steps)
             return None
+        self._observe(node, output)
+        return output
+
+    def _observe(self, node: Node, output: Output) -> None:
+        """What follows the core's giving *output*: the meters see it, and the other
+        implementation's next output must be the same."""
         node.outputs.append(output)
-        node.steps.append(output.to_json())
+        node.steps.append(output)
         node.monitor.output(output)
         node.families.output(output)
         node.positions.output(output)
@@ -386,13 +399,12 @@ class Explorer:
             self._compare_output(output, theirs, node)
             if theirs is not None:
                 node.other_outputs.append(theirs)
-        return output
 
     def feed(self, node: Node, item: Input) -> None:
         """Feed one input to both implementations; they must agree on raising."""
         window_open = node.core.accepts_next_step
         node.inputs.append(item)
-        node.steps.append(item.to_json())
+        node.steps.append(item)
         mine = _apply(node.core, item)
         if mine is not None and node.other is None:
             raise Divergence(f"input {item.to_json()} raised {mine!r}", node.steps)
@@ -479,13 +491,42 @@ class Explorer:
         """The canonical key of a node: the core (its log, then the rest of its state), the
         other implementation and the monitor's ledger, message ids renamed by first
         appearance, as a digest. The log's part is a chain of digests made once per event
-        (states share their parents' events, R4.12, L15), so a key costs what changed."""
-        texts = self._texts
+        (states share their parents' events, R4.12, L15), so a key costs what changed; the
+        rest is a template and its ids' ranks (`_Emitter`), which determine the renamed text
+        (`key_text`) and are determined by it."""
+        log_digest, tokens, template, ids = self._key_parts(node)
+        text = template.encode("utf-8", "surrogatepass")
+        digest = hashlib.sha256(b"%d:" % len(text))
+        digest.update(text)
+        digest.update(array("I", _ranks(tokens, ids)).tobytes())
+        return log_digest + digest.digest()
+
+    def key_text(self, node: Node) -> tuple[bytes, str]:
+        """What `key` digests, spelled out: the digest chain of the core's log (ids renamed),
+        and the text ``repr((core parts, other parts, ledger))`` (`_core_parts`,
+        `implementation_parts`) with its ids renamed after the log's (`_renamed`)."""
+        log_digest, tokens, template, ids = self._key_parts(node)
+        return log_digest, _filled(template, _ranks(tokens, ids))
+
+    def _key_parts(self, node: Node) -> tuple[bytes, tuple[str, ...], str, list[str]]:
+        texts, emitter = self._texts, self._emitter
         core = node.core
         _, log_digest, tokens = texts.chain(core.log)
+        out: list[str] = ["((None"]
+        ids: list[str] = []
+        write = emitter.write
+        state = vars(core)
+        for name in _state_names(core):
+            out.append(", (")
+            write(name, out, ids)
+            out.append(", ")
+            write(state[name], out, ids)
+            out.append(")")
+        out.append("), ")
         other = node.other
-        other_parts: object = None
-        if other is not None:
+        if other is None:
+            out.append("None")
+        else:
             other_log = getattr(other, "log", None)
             same_log: object = None
             if isinstance(other_log, SessionLog):
@@ -493,11 +534,21 @@ class Explorer:
                 # they are pulled); the key says so, or holds the other log's own digest.
                 raw_core, raw_other = texts.chain(core.log)[0], texts.chain(other_log)[0]
                 same_log = "=core" if raw_other == raw_core else raw_other
-            other_parts = (same_log, implementation_parts(other, texts, with_log=False))
-        rest = repr((_core_parts(core, texts, with_log=False), other_parts,
-                     node.monitor.ledger()))
-        return log_digest + hashlib.sha256(
-            _renamed(rest, tokens).encode("utf-8", "surrogatepass")).digest()
+            out.append("(")
+            write(same_log, out, ids)
+            out.append(", ")
+            parts = getattr(other, "state_parts", None)
+            if callable(parts):
+                out.append("(None, ")
+                write(parts(), out, ids)
+                out.append(")")
+            else:
+                emitter.text(repr(implementation_parts(other, texts, with_log=False)), out, ids)
+            out.append(")")
+        out.append(", ")
+        emitter.ledger(node.monitor.ledger(), out, ids)
+        out.append(")")
+        return log_digest, tokens, "".join(out), ids
 
     def children(self, node: Node, probe: Output | None, *,
                  silent_change: bool = False) -> list[tuple[Action, int]]:
@@ -530,9 +581,16 @@ class Explorer:
         return result
 
     def _probe(self, node: Node, actions: tuple[Action, ...]) -> list[tuple[Action, int]]:
-        """The decisions offered at *node*: its next output is pulled on a copy of its core
-        (the node stays as it is, its children's parent), and at quiescence the monitor
-        checks that copy before anything is pruned."""
+        """The decisions offered at *node* (see `_expand`)."""
+        return self._expand(node, actions)[0]
+
+    def _expand(self, node: Node, actions: tuple[Action, ...]
+                ) -> tuple[list[tuple[Action, int]], Node | None]:
+        """The decisions offered at *node*, and its ``pull`` child when it has one and states
+        are copied. The next output is pulled on a copy of the core (the node stays as it
+        is, its other children's parent); that copy, the other implementation's copy pulled
+        too, is the ``pull`` child. At quiescence the monitor checks the copy before anything
+        is pruned."""
         if self.copies:
             core = node.core.copy()
             _own_clock(core.log)
@@ -545,9 +603,21 @@ class Explorer:
         probe = core.next_output()
         if probe is None:               # quiescence checks before any pruning
             probing.monitor.poll(quiet=True)
-        return self.children(probing, probe, silent_change=probe is None
-                             and len(core._mail) < buffered
-                             and (not actions or actions[-1][0] != "drain"))
+        children = self.children(probing, probe, silent_change=probe is None
+                                 and len(core._mail) < buffered
+                                 and (not actions or actions[-1][0] != "drain"))
+        if probe is None or not self.copies or not children or children[0][0] != ("pull",):
+            return children, None
+        # Why: the copy has pulled already; the pull child is that copy, not one more.
+        other = node.other.copy() if node.other is not None else None  # type: ignore[attr-defined]
+        if other is not None:
+            _own_clock(getattr(other, "log", None))
+        child = Node(core, other, probing.monitor, _rebound(node.families, node.core, core),
+                     _rebound(node.positions, node.core, core), list(node.inputs),
+                     list(node.outputs), list(node.steps), list(node.other_outputs), None,
+                     node.fresh)
+        self._observe(child, probe)
+        return children, child
 
     def run(self, depth: int, *, progress: Callable[[int, int, float], None] | None = None,
             budget_seconds: float | None = None) -> ExploreResult:
@@ -558,17 +628,19 @@ class Explorer:
         start = time.perf_counter()
         visited: set[bytes] = set()
         copies = self.copies
-        # An entry: the parent (None: replay the sequence), the decision, the whole decision
-        # sequence, and its cost.
-        queue: deque[tuple[_Parent | None, Action | None, tuple[Action, ...], int]] = deque(
-            [(None, None, self.prefix, 0)])
+        # An entry: the parent (None: replay the sequence; a node: the state itself, made
+        # already), the decision, the whole decision sequence, and its cost.
+        queue: deque[tuple[_Parent | Node | None, Action | None, tuple[Action, ...], int]] = (
+            deque([(None, None, self.prefix, 0)]))
         transitions = 0
         last_report = start
         result = ExploreResult(depth, 0, 0, 0.0)
         while queue:
             parent, decision, actions, cost = queue.popleft()
             try:
-                if parent is None or decision is None:
+                if isinstance(parent, Node):
+                    node = parent
+                elif parent is None or decision is None:
                     node = self.replay(actions)
                 else:
                     parent.pending -= 1
@@ -578,10 +650,11 @@ class Explorer:
                 key = self.key(node)
                 fresh = key not in visited
                 children: list[tuple[Action, int]] = []
+                pulled: Node | None = None
                 if fresh:
                     # A state with a key already visited has the same probe and quiescence
                     # verdict as the visited one (the key covers what both depend on).
-                    children = self._probe(node, actions)
+                    children, pulled = self._expand(node, actions)
             except Divergence as failure:
                 result.failure = failure
                 break
@@ -604,10 +677,12 @@ class Explorer:
                 break
             offered = [(action, step_cost) for action, step_cost in children
                        if cost + step_cost <= depth]
-            holder = _Parent(node, len(offered)) if copies else None
+            holder = _Parent(node, len(offered) - (pulled is not None)) if copies else None
             for action, step_cost in offered:
                 transitions += 1
-                entry = (holder, action, (*actions, action), cost + step_cost)
+                entry: tuple[_Parent | Node | None, Action | None, tuple[Action, ...], int] = (
+                    pulled if pulled is not None and action == ("pull",) else holder, action,
+                    (*actions, action), cost + step_cost)
                 if step_cost == 0:
                     queue.appendleft(entry)
                 else:
@@ -718,12 +793,13 @@ def _rebound(meter: Any, old: AgentCore, new: AgentCore) -> Any:
     """A copy of a monitor or meter whose containers are its own and which watches *new*
     where it watched *old*."""
     copied = object.__new__(type(meter))
-    for name, value in vars(meter).items():
+    attributes = vars(meter).copy()
+    for name, value in attributes.items():
         if value is old:
-            value = new
+            attributes[name] = new
         elif isinstance(value, (dict, list, set)):
-            value = value.copy()
-        setattr(copied, name, value)
+            attributes[name] = value.copy()
+    vars(copied).update(attributes)
     return copied
 
 
@@ -735,8 +811,8 @@ def replay_steps(explorer: Explorer, actions: Sequence[Action]) -> list[dict[str
             explorer.apply(node, action)
         except TurnstileError:
             node.steps.append({"failing decision": list(actions[index])})
-            return node.steps
-    return node.steps
+            return Divergence("", node.steps).steps
+    return Divergence("", node.steps).steps
 
 
 def _apply(agent: Agentlike, item: Input) -> BaseException | None:
@@ -797,6 +873,35 @@ def _renaming(text: str, names: dict[str, str]) -> str:
     return "".join(pieces)
 
 
+def _exact(value: object) -> str:
+    """The text of an immutable value that tells apart exactly what its data tells apart:
+    a record's class and fields, frozen JSON as compact JSON (so ``1``, ``1.0`` and ``true``
+    differ, and so does key order), strings and numbers by ``repr``. Why not ``repr``: a
+    value's repr thaws its JSON first, and every state makes new outputs."""
+    kind = type(value)
+    if kind is str or value is None or kind is int or kind is bool or kind is float:
+        return repr(value)
+    if kind is FrozenDict or kind is FrozenList:
+        try:
+            return compact_json(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):   # a value JSON cannot spell: its repr
+            return _ADDRESS.sub("", repr(value))
+    names = _EXACT_FIELDS.get(kind)
+    if names is None:
+        names = _EXACT_FIELDS[kind] = (
+            tuple(f.name for f in dataclasses.fields(kind))
+            if dataclasses.is_dataclass(kind) and kind.__module__ in _IMMUTABLE_MODULES else ())
+    if names:
+        return f"{kind.__name__}({', '.join([_exact(getattr(value, n)) for n in names])})"
+    if kind is tuple:
+        return f"({', '.join([_exact(item) for item in value])},)"  # type: ignore[attr-defined]
+    return _ADDRESS.sub("", repr(value))
+
+
+#: The fields `_exact` writes of each class (empty: written by ``repr``).
+_EXACT_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
 _EMPTY_CHAIN: tuple[bytes, bytes, tuple[str, ...]] = (b"", b"", ())
 
 
@@ -814,7 +919,7 @@ class _Texts:
         hit = self._texts.get(id(value))
         if hit is not None and hit[0] is value:
             return hit[1]
-        text = _ADDRESS.sub("", repr(value))
+        text = _exact(value)
         self._texts[id(value)] = (value, text)
         return text
 
@@ -868,15 +973,20 @@ def _core_parts(core: AgentCore, texts: _Texts | None = None, *,
     the log first, unless *with_log* is false."""
     texts = texts if texts is not None else _Texts()
     state = vars(core)
-    names = _STATE_NAMES.get(type(core))
-    if names is None or len(names) != len(state) - len(STATIC_ATTRIBUTES):
-        names = _STATE_NAMES[type(core)] = tuple(sorted(set(state) - STATIC_ATTRIBUTES))
     return (texts.log(core.log) if with_log else None,
-            *[(name, _canonical(state[name], 0, texts)) for name in names])
+            *[(name, _canonical(state[name], 0, texts)) for name in _state_names(core)])
 
 
 #: The state attributes of a core class, in order (R4: the same for every instance).
 _STATE_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _state_names(core: AgentCore) -> tuple[str, ...]:
+    state = vars(core)
+    names = _STATE_NAMES.get(type(core))
+    if names is None or len(names) != len(state) - len(STATIC_ATTRIBUTES):
+        names = _STATE_NAMES[type(core)] = tuple(sorted(set(state) - STATIC_ATTRIBUTES))
+    return names
 
 
 def state_key(core: AgentCore) -> str:
@@ -977,6 +1087,183 @@ def _frames(generator: Any, depth: int, texts: _Texts) -> tuple[object, ...]:
             if k != "self")))
         generator = generator.gi_yieldfrom
     return tuple(frames)
+
+
+# --------------------------------------------------------------------------
+# The key's text, written piece by piece
+# --------------------------------------------------------------------------
+#
+# Why: a key is the text `repr((core parts, other parts, ledger))` would give, message ids
+# renamed by first appearance (`_renamed`). Building those nested tuples, writing them with
+# `repr` (which quotes every cached text again) and scanning the whole text for ids cost
+# two thirds of an exploration. `_Emitter` writes the same text directly as a template
+# (each id replaced by NUL, which no repr contains) and the ids in order; each immutable
+# value's quoted text is split so once per exploration. The renamed text is the template
+# with the ids' ranks of first appearance put back (`_filled`), so the template and the
+# ranks determine it and are determined by it: the key digests those two.
+# `tests/test_explore.py` checks that `Explorer.key_text` is exactly the renamed text.
+
+#: A value's text as a template (ids replaced by NUL) and its ids in order.
+_Template = tuple[str, tuple[str, ...]]
+
+
+def _template(text: str) -> _Template:
+    pieces = _ID.split(text)
+    return "\0".join(pieces[0::2]), tuple(pieces[1::2])
+
+
+class _Emitter:
+    """Writes the template of ``repr(_canonical(value))`` into *out*, its ids into *ids*."""
+
+    def __init__(self, texts: _Texts) -> None:
+        self.texts = texts
+        #: immutable value (by identity, held) -> the template of its quoted text
+        self._values: dict[int, tuple[object, _Template]] = {}
+        #: a string -> the template of its repr
+        self._strings: dict[str, _Template] = {}
+        #: a monitor's ledger -> the template of its repr
+        self._ledgers: dict[tuple[object, ...], _Template] = {}
+        #: class -> how to write its instances
+        self._writers: dict[type, Callable[[Any, list[str], list[str]], None]] = {}
+
+    def write(self, value: Any, out: list[str], ids: list[str]) -> None:
+        kind = type(value)
+        if kind is str:
+            found = self._strings.get(value)
+            if found is None:
+                found = self._strings[value] = _template(repr(value))
+            out.append(found[0])
+            if found[1]:
+                ids.extend(found[1])
+        elif value is None or kind is int or kind is bool or kind is float:
+            out.append(repr(value))
+        else:
+            writer = self._writers.get(kind)
+            if writer is None:
+                writer = self._writers[kind] = self._writer_of(kind)
+            writer(value, out, ids)
+
+    def _writer_of(self, kind: type) -> Callable[[Any, list[str], list[str]], None]:
+        write = self.write
+        values = self._values
+        strings = self._strings
+        if kind is list or kind is tuple or kind is deque:
+            head = f"({kind.__name__!r}, ("
+
+            def sequence(value: Any, out: list[str], ids: list[str]) -> None:
+                out.append(head)
+                first = True
+                for item in value:
+                    if not first:
+                        out.append(", ")
+                    first = False
+                    # Why inline: most items are scalars or immutable values written before
+                    kind = type(item)
+                    if item is None or kind is int or kind is bool:
+                        out.append(repr(item))
+                        continue
+                    found = strings.get(item) if kind is str else None
+                    if found is not None:
+                        out.append(found[0])
+                        if found[1]:
+                            ids.extend(found[1])
+                        continue
+                    hit = values.get(id(item))
+                    if hit is not None and hit[0] is item:
+                        out.append(hit[1][0])
+                        if hit[1][1]:
+                            ids.extend(hit[1][1])
+                    else:
+                        write(item, out, ids)
+                out.append(",))" if len(value) == 1 else "))")
+            return sequence
+        if kind is dict:
+            def mapping(value: Any, out: list[str], ids: list[str]) -> None:
+                out.append("('dict', (")
+                for index, (key, item) in enumerate(value.items()):
+                    out.append(", (" if index else "(")
+                    write(repr(key), out, ids)
+                    out.append(", ")
+                    write(item, out, ids)
+                    out.append(")")
+                out.append(",))" if len(value) == 1 else "))")
+            return mapping
+        if kind in (types.FunctionType, types.MethodType, types.BuiltinFunctionType):
+            def function(value: Any, out: list[str], ids: list[str]) -> None:
+                write(getattr(value, "__qualname__", "function"), out, ids)  # a phase
+            return function
+        if kind is set or kind is frozenset:
+            empty = f"({kind.__name__!r}, ())"
+            generic = self._generic
+
+            def collection(value: Any, out: list[str], ids: list[str]) -> None:
+                if value:
+                    generic(value, out, ids)
+                else:
+                    out.append(empty)
+            return collection
+        reader = _reader(kind)
+        if reader is not None and reader[0] == "text":
+            texts = self.texts
+
+            def immutable(value: Any, out: list[str], ids: list[str]) -> None:
+                hit = values.get(id(value))
+                if hit is None or hit[0] is not value:
+                    hit = values[id(value)] = (value, _template(repr(texts.text(value))))
+                out.append(hit[1][0])
+                if hit[1][1]:
+                    ids.extend(hit[1][1])
+            return immutable
+        if reader is not None:
+            fields = reader[1]
+            labels = [f"({name!r}, " for name in fields]
+            if any(_ID.search(label) for label in labels) or _ID.search(kind.__name__):
+                return self._generic
+            head = f"({kind.__name__!r}, ("
+            tail = ",))" if len(fields) == 1 else "))"
+            pairs = [(label if index == 0 else ", " + label, name)
+                     for index, (label, name) in enumerate(zip(labels, fields, strict=True))]
+
+            def record(value: Any, out: list[str], ids: list[str]) -> None:
+                out.append(head)
+                for label, name in pairs:
+                    out.append(label)
+                    write(getattr(value, name), out, ids)
+                    out.append(")")
+                out.append(tail)
+            return record
+        return self._generic
+
+    def _generic(self, value: Any, out: list[str], ids: list[str]) -> None:
+        self.text(repr(_canonical(value, 0, self.texts)), out, ids)
+
+    def ledger(self, ledger: tuple[object, ...], out: list[str], ids: list[str]) -> None:
+        """Write a monitor's ledger as ``repr`` writes it (ledgers recur: each once)."""
+        found = self._ledgers.get(ledger)
+        if found is None:
+            found = self._ledgers[ledger] = _template(repr(ledger))
+        out.append(found[0])
+        ids.extend(found[1])
+
+    @staticmethod
+    def text(text: str, out: list[str], ids: list[str]) -> None:
+        """Write *text* as it is (its ids found)."""
+        template, found = _template(text)
+        out.append(template)
+        ids.extend(found)
+
+
+def _ranks(tokens: Sequence[str], ids: Sequence[str]) -> list[int]:
+    """Each of *ids* as its rank of first appearance in *tokens* then *ids*."""
+    order = {token: rank for rank, token in enumerate(dict.fromkeys([*tokens, *ids]))}
+    return [order[token] for token in ids]
+
+
+def _filled(template: str, ranks: Sequence[int]) -> str:
+    """The renamed text: *template* with its NULs replaced by ``#rank`` in order."""
+    pieces = template.split("\0")
+    return pieces[0] + "".join(f"#{rank}{piece}" for rank, piece in zip(ranks, pieces[1:],
+                                                                          strict=True))
 
 
 def reference_model(config: CoreConfig, log: SessionLog | None = None) -> Agentlike:

@@ -11,6 +11,7 @@ deeper.
 from __future__ import annotations
 
 import os
+import random
 from typing import Any
 
 import pytest
@@ -25,12 +26,17 @@ from machine.explore import (
     Explorer,
     ExploreResult,
     Node,
+    _core_parts,
+    _exact,
+    _renamed,
     classic_explorer,
+    implementation_parts,
     state_key,
 )
 from machine.invariants import AgentInvariantError, InvariantMonitor, next_status_ok, window_ok
 from machine.io import Live
-from machine.jsonvalue import FrozenDict
+from machine.jsonvalue import FrozenDict, freeze
+from machine.log import SessionLog
 from machine.reach import FAMILIES, ROWS
 
 DEEP = os.environ.get("TURNSTILE_PROFILE") == "deep"
@@ -302,3 +308,62 @@ def test_R4_12_copying_states_reaches_exactly_the_states_replaying_reaches() -> 
         assert copied.failure is None and replayed.failure is None
         assert (copied.states, copied.transitions) == (replayed.states, replayed.transitions)
         assert copied.families == replayed.families and copied.cells == replayed.cells
+
+
+def _defined_key_text(explorer: Explorer, node: Node) -> tuple[bytes, str]:
+    """A key's text by its definition: ``repr`` of the canonical parts (the core's state, the
+    other implementation's, the monitor's ledger) with ids renamed after the log's."""
+    texts = explorer._texts
+    core, other = node.core, node.other
+    _, log_digest, tokens = texts.chain(core.log)
+    other_parts: object = None
+    if other is not None:
+        other_log = getattr(other, "log", None)
+        same_log: object = None
+        if isinstance(other_log, SessionLog):
+            raw_core, raw_other = texts.chain(core.log)[0], texts.chain(other_log)[0]
+            same_log = "=core" if raw_other == raw_core else raw_other
+        other_parts = (same_log, implementation_parts(other, texts, with_log=False))
+    text = repr((_core_parts(core, texts, with_log=False), other_parts, node.monitor.ledger()))
+    return log_digest, _renamed(text, tokens)
+
+
+@pytest.mark.parametrize("name", list(CONFIGURATIONS))
+def test_the_key_is_the_renamed_text_of_the_state_it_is_defined_as(name: str) -> None:
+    """The explorer writes its keys piece by piece from templates (ids kept apart, ranked
+    after): along random paths of every configuration, machine alone and with the model,
+    the text it digests is exactly the renamed ``repr`` of the canonical parts."""
+    rng = random.Random(2026)
+    checked = 0
+    for with_model in (False, True):
+        explorer = CONFIGURATIONS[name].explorer(with_model=with_model)
+        for _ in range(12):
+            actions = explorer.prefix
+            node = explorer.replay(actions)
+            for _ in range(rng.randrange(2, 12)):
+                children = explorer._probe(node, actions)
+                if not children:
+                    break
+                action = rng.choice(children)[0]
+                explorer.apply(node, action)
+                actions = (*actions, action)
+                assert explorer.key_text(node) == _defined_key_text(explorer, node), actions
+                checked += 1
+    assert checked > 50
+
+
+def test_the_key_tells_apart_json_values_that_compare_equal_in_python() -> None:
+    """``1``, ``1.0`` and ``true`` are different JSON, and so are two key orders: the text a
+    key takes of a frozen value keeps them apart (Python's ``==`` does not)."""
+    one, real, true = (freeze({"n": value}) for value in (1, 1.0, True))
+    assert one == real == true
+    assert len({_exact(one), _exact(real), _exact(true)}) == 3
+    assert _exact(freeze({"a": 1, "b": 2})) != _exact(freeze({"b": 2, "a": 1}))
+    message = {"id": "m1", "role": "user", "content": [{"type": "text", "text": "x"}],
+               "source": {"kind": "user"}}
+    payloads = [freeze({"message": message, "placement": placement})
+                for placement in ("queued", "steering")]
+    assert all(isinstance(payload, FrozenDict) for payload in payloads)
+    texts = {_exact(Live(LiveEvent("agent/inbox/enqueue", payload)))  # type: ignore[arg-type]
+             for payload in payloads}
+    assert len(texts) == 2
