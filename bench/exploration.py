@@ -5,7 +5,9 @@ the answer variants it had), so the figures compare across runs.
 Each depth is a separate run from scratch (as ``turnstile explore --depth D`` runs it). The
 explorer makes each state by copying its parent's and applying one decision (R4.12). A
 second table compares that with replaying every decision sequence from a fresh core (as
-the explorer did before the core's state was explicit), in the same run. A depth whose run
+the explorer did before the core's state was explicit), in the same run, and a third runs
+two searches with the explorer of `BASE` (the commit before that work, its files taken from
+git) and with this one, each in a fresh process: the before and after. A depth whose run
 would not fit the time budget is stopped at the budget and reported as *not exhausted*,
 with the states it reached and an estimate of the time it would take (from the growth of
 the previous depths) — an estimate, marked as such.
@@ -13,8 +15,14 @@ the previous depths) — an estimate, marked as such.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from bench.common import Section
@@ -68,6 +76,18 @@ def run(quick: bool = False, budget: float | None = None,
         ["search", "depth", "states", "replay: s", "copy: s", "replay states/s",
          "copy states/s", "copy ÷ replay"], comparison["rows"]))
     figures["copy_vs_replay"] = comparison["figures"]
+    against = _against_base(quick)
+    if against["rows"]:
+        section.tables.append((
+            f"This explorer against the one of {BASE} (before the core's state was explicit: "
+            "it replayed every state from the root and walked generator frames for its key), "
+            "the same searches in the same run, each in a fresh process (CPU seconds):",
+            ["search", "depth", f"states ({BASE})", "states (now)", f"CPU s ({BASE})",
+             "CPU s (now)", f"states/s ({BASE})", "states/s (now)", "now ÷ before"],
+            against["rows"]))
+    else:
+        notes.append(f"The comparison with {BASE} was not run: {against['why']}.")
+    figures["against_base"] = against["figures"]
     section.figures = figures
     section.notes.append(
         "`classic_explorer().run(depth)`: the first explorer's alphabet, kept so that the "
@@ -110,6 +130,63 @@ def _copies_against_replay(quick: bool) -> dict[str, Any]:
         figures[name] = {"depth": depth, "states": states, "replay_s": replay,
                          "copy_s": copy_s}
     return {"rows": rows, "figures": figures}
+
+
+#: The commit before the explorer copied states (issue 17): the "before" of the comparison.
+BASE = "9cf93fe"
+
+_MEASURE = """
+import json, logging, sys, time
+logging.getLogger("turnstile").setLevel(logging.ERROR)
+from machine.explore import CONFIGURATIONS, classic_explorer
+search, depth = sys.argv[1], int(sys.argv[2])
+explorer = classic_explorer() if search == "classic" else CONFIGURATIONS["idle"].explorer()
+started = time.process_time()
+result = explorer.run(depth)
+print(json.dumps({"states": result.states, "cpu": time.process_time() - started,
+                  "ok": result.failure is None}))
+"""
+
+
+def _against_base(quick: bool) -> dict[str, Any]:
+    """The classic search and the idle configuration with the model, run by the explorer of
+    `BASE` (its files taken from git into a temporary folder) and by this one, each in a
+    fresh process, one after the other."""
+    root = Path(__file__).resolve().parent.parent
+    rows: list[list[str]] = []
+    figures: dict[str, dict[str, float]] = {}
+    # Why an empty working folder: `python -c` puts it first on the import path.
+    with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as empty:
+        archive = subprocess.run(["git", "-C", str(root), "archive", BASE, "machine", "model"],
+                                 capture_output=True, check=False)
+        if archive.returncode != 0:
+            return {"rows": [], "figures": {}, "why": "git archive " + BASE + " failed: "
+                    + archive.stderr.decode(errors="replace").strip()}
+        subprocess.run(["tar", "-x", "-C", folder], input=archive.stdout, check=True)
+        # The base imports its reference model as machine._model, as its installation maps it.
+        (Path(folder) / "machine" / "_model").symlink_to(Path(folder) / "model")
+        cases = (("classic, machine only", "classic", 4 if quick else 6),
+                 ("idle, with the model", "idle", 2 if quick else 4))
+        for name, search, depth in cases:
+            measured = {}
+            for label, path in (("before", folder), ("now", str(root))):
+                environment = {**os.environ, "PYTHONPATH": path}
+                completed = subprocess.run(
+                    [sys.executable, "-c", _MEASURE, search, str(depth)], env=environment,
+                    capture_output=True, text=True, check=True, cwd=empty)
+                measured[label] = json.loads(completed.stdout.strip().splitlines()[-1])
+                if not measured[label]["ok"]:
+                    raise AssertionError(f"the {label} explorer found a violation")
+            before, now = measured["before"], measured["now"]
+            rows.append([name, str(depth), f"{before['states']:,}", f"{now['states']:,}",
+                         f"{before['cpu']:.1f}", f"{now['cpu']:.1f}",
+                         f"{before['states'] / before['cpu']:,.0f}",
+                         f"{now['states'] / now['cpu']:,.0f}",
+                         f"× {(now['states'] / now['cpu']) / (before['states'] / before['cpu']):.2f}"])
+            figures[name] = {"depth": depth, "states_before": before["states"],
+                             "states_now": now["states"], "cpu_before": before["cpu"],
+                             "cpu_now": now["cpu"]}
+    return {"rows": rows, "figures": figures, "why": ""}
 
 
 def _estimate(previous: list[tuple[int, float]]) -> tuple[float, float] | None:

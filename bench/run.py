@@ -138,6 +138,13 @@ def summary(sections: dict[str, Section]) -> list[str]:
             add("exploration, copying states ÷ replaying them (CPU time, same run)", ", ".join(
                 f"{name} depth {int(f['depth'])} × {f['replay_s'] / f['copy_s']:.2f}"
                 for name, f in pairs.items()))
+        base = figures.get("against_base", {})
+        if base:
+            from bench.exploration import BASE
+            add(f"exploration, states/s now ÷ at {BASE} (CPU time, same run)", ", ".join(
+                f"{name} depth {int(f['depth'])} × "
+                f"{(f['states_now'] / f['cpu_now']) / (f['states_before'] / f['cpu_before']):.2f}"
+                for name, f in base.items()))
     if "snapshot" in sections:
         figures = sections["snapshot"].figures
         size = max(figures, key=int)

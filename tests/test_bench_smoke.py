@@ -27,6 +27,8 @@ def test_a_quick_run_writes_every_section(tmp_path: Path) -> None:
         assert title in text, title
     assert "QUICK RUN" in text
     assert "Python" in text and "load average" in text
+    # The exploration compares itself with the explorer before issue 17, or says why not.
+    assert "before the core's state was explicit" in text or "was not run" in text
 
 
 def test_an_item_runs_in_its_own_process(tmp_path: Path) -> None:
