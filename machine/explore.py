@@ -750,7 +750,7 @@ class Configuration:
 _PLAIN = CoreConfig(request_options={"provider": "p", "model": "m"}, publish=False)
 CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
     Configuration("idle", "a fresh agent: routing, wake, admission, turns, cancels, retries",
-                  _PLAIN, ci_depth=4, deep_depth=5),
+                  _PLAIN, ci_depth=5, deep_depth=6),
     Configuration("turn", "inside a turn, the model request outstanding: every position of a "
                   "step, tool calls, request failures and retries, cancels of each kind",
                   _PLAIN, prefix=(("cmd", "followup"), ("macro", "to:model")),
