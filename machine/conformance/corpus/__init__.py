@@ -14,9 +14,10 @@ write (``tests/test_conformance_vectors.py`` fails when it is stale):
 
 Modules: `scenarios_ab`, `scenarios_cd`, `scenarios_ef`, `scenarios_gh` (scenarios A-H),
 `matrix` (the re-entrancy matrix of R19, one vector per row and command), `rules` (rules the
-scenarios cover only in passing), `blindspots` (configurations the rest left blind); `build`
-writes them; ``original-steps.tsv`` (package data) says where the original implementation
-departs, per vector tagged ``differs-from-original``.
+scenarios cover only in passing), `blindspots` (configurations the rest left blind); `common`
+holds what they share (the scripts' common openings, and `Variant` tables for a family of
+scenarios that play one script); `build` writes them; ``original-steps.tsv`` (package data)
+says where the original implementation departs, per vector tagged ``differs-from-original``.
 """
 
 from __future__ import annotations

@@ -19,6 +19,13 @@ from __future__ import annotations
 from typing import Any
 
 from machine.conformance.authoring import Session, calls, error, model_failure, result, scenario
+from machine.conformance.corpus.common import (
+    admission_pending,
+    block,
+    failed_step_retaining,
+    live_of,
+    started,
+)
 from machine.conformance.corpus.scenarios_gh import lifecycle_one  # a finished session to resume (G6)
 from machine.io import Effect
 from machine.jsonvalue import thaw
@@ -32,34 +39,19 @@ EXCLUSIVE: Any = "exclusive"
 # --------------------------------------------------------------------------
 
 
-def _admission_pending(s: Session, prompt: str, *staged: str) -> Session:
-    """*prompt* followed up and its admission held at {prompt-submit}; then each of *staged*
-    injected (a name starting with 's' is steered instead), all staged in the open window."""
-    s.hold("prompt-submit")
-    s.followup(prompt)
-    s.run()
-    for text in staged:
-        if text.startswith("s"):
-            s.steer(text)
-        else:
-            s.inject(text, "plugin:test")
-    return s
-
-
 @scenario("BS-rejected-admission-appends-every-staged-context",
           "R7.10: two contexts injected while an admission is pending, which is then blocked, "
           "are both appended between turns, oldest first, before the rejected admission's tick; "
           "no turn opens and no context discard is reported",
           ["R7.10", "R5.2", "R11.2", "R20.1"], ["rule"])
 def rejected_two_contexts() -> Session:
-    s = _admission_pending(Session("ok"), "blocked", "c1", "c2")
+    s = admission_pending(Session("ok"), "blocked", "c1", "c2")
     assert s.core.pending_context == 2
-    s.resolve("prompt-submit", {"kind": "block", "reason": "no"})
-    s.run()
+    block(s)
     s.expect_log("UM('c1';plugin:test) UM('c2';plugin:test)")
     trace = s.trace()
     assert trace.index("[UM('c2';plugin:test)]") < trace.index("tick(rejected-admission)"), trace
-    assert not [t for t in s.live() if t.startswith("ctxdisc")]
+    assert not live_of(s, "ctxdisc")
     s.followup("next")
     s.run()
     assert s.requests()[-1] == ["'c1';plugin:test", "'c2';plugin:test", "'next'"]
@@ -72,7 +64,7 @@ def rejected_two_contexts() -> Session:
           "turns",
           ["R7.7", "R7.8", "R7.10", "R0.8"], ["rule"])
 def failed_two_contexts() -> Session:
-    s = _admission_pending(Session("ok"), "refused", "c1", "c2")
+    s = admission_pending(Session("ok"), "refused", "c1", "c2")
     s.fail("prompt-submit", error("policy down", "HookError"))
     s.run()
     s.expect_log("UM('c1';plugin:test) UM('c2';plugin:test)")
@@ -88,9 +80,8 @@ def failed_two_contexts() -> Session:
           "of its prompt in FIFO order, the steering as a steering/message of that turn",
           ["R7.10", "R8.3", "R11.1", "R11.3", "R20.1"], ["rule"])
 def rejected_behind_steering() -> Session:
-    s = _admission_pending(Session("ok"), "blocked", "c1", "s1", "c2")
-    s.resolve("prompt-submit", {"kind": "block", "reason": "no"})
-    s.run()
+    s = admission_pending(Session("ok"), "blocked", "c1", "s1", "c2")
+    block(s)
     assert s.log() == []
     assert (s.core.pending_steering, s.core.pending_context) == (1, 2)
     s.followup("next")
@@ -107,19 +98,10 @@ def rejected_behind_steering() -> Session:
           "one first",
           ["R11.3", "R7.10", "R15.3"], ["rule"])
 def rejected_retained_and_new() -> Session:
-    s = Session("ok")
-
-    def failing_step(e: Effect) -> Any:
-        s.inject("retained", "plugin:test")
-        return ("raise", error("step failed"))
-    s.handle("step", failing_step, times=1)
-    s.followup("go")
-    s.run()
-    s.expect_log("TS(1,msg:user) UM('go') TE(1,error)")
+    s = failed_step_retaining("retained", "ok")
     assert s.core.pending_context == 1
-    _admission_pending(s, "blocked", "fresh")
-    s.resolve("prompt-submit", {"kind": "block", "reason": "no"})
-    s.run()
+    admission_pending(s, "blocked", "fresh")
+    block(s)
     s.expect_log("TS(1,msg:user) UM('go') TE(1,error) UM('retained';plugin:test) "
                  "UM('fresh';plugin:test)")
     assert s.core.pending_context == 0
@@ -270,7 +252,7 @@ def two_failing_chains() -> Session:
                  "TS(3,msg:user) UM('second') SS(3.1) SE(3.1) TE(3,error) "
                  "TS(4,retry) SS(4.1) SE(4.1) TE(4,error)")
     assert _prior(s) == [[], ["one"], [], ["three"]], _prior(s)
-    settled = [t for t in s.live() if t.startswith("settled")]
+    settled = live_of(s, "settled")
     assert settled == ["settled(2,error)", "settled(4,error)"]
     return s
 
@@ -306,10 +288,7 @@ def completed_step_resets() -> Session:
           "first",
           ["R16.2", "D6", "R20.1", "R19"], ["rule", "cancel", "differs-from-original", "D6"])
 def d6_every_kind() -> Session:
-    s = Session("ok")
-    s.hold("step")
-    s.followup("go")
-    s.run()
+    s = started("ok", hold="step")
     s.steer("s1")
     s.inject("c1", "plugin:test")
     s.followup("q1")
@@ -318,7 +297,7 @@ def d6_every_kind() -> Session:
     s.send("q2", {"target": "next-turn", "wakeup": False})
     s.cancel()
     s.run()
-    reports = [t for t in s.live() if t.startswith(("cancel-req", "disc", "ctxdisc"))]
+    reports = live_of(s, "cancel-req", "disc", "ctxdisc")
     assert reports == ["cancel-req(user)", "disc[q1,q2,s1,s2]", "ctxdisc[c1,c2]"], reports
     s.resolve("step")
     s.run()
@@ -347,7 +326,7 @@ def d6_tool_contexts() -> Session:
          lambda o: s.cancel())
     s.followup("go")
     s.run()
-    reports = [t for t in s.live() if t.startswith(("cancel-req", "disc", "ctxdisc"))]
+    reports = live_of(s, "cancel-req", "disc", "ctxdisc")
     assert reports == ["cancel-req(user)", "ctxdisc[ctx-c1,injected]"], reports
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;call c1+call c2) "
                  "TC(1.1;c1) TR(1.1;c1;ok) TC(1.1;c2) TR(1.1;c2;ok) UM('ctx-c2';plugin:tool) "
@@ -362,14 +341,7 @@ def d6_tool_contexts() -> Session:
           ["R17.4", "R17.1", "D6", "R11.3", "R20.1"],
           ["rule", "dispose", "differs-from-original", "D6"])
 def d6_teardown() -> Session:
-    s = Session()
-
-    def failing_step(e: Effect) -> Any:
-        s.inject("retained", "plugin:test")
-        return ("raise", error("step failed"))
-    s.handle("step", failing_step, times=1)
-    s.followup("go")
-    s.run()
+    s = failed_step_retaining("retained")
     s.send("quiet", {"target": "next-turn", "wakeup": False})
     s.run()
     assert (s.core.pending_queued, s.core.pending_context) == (1, 1)
@@ -377,7 +349,7 @@ def d6_teardown() -> Session:
     s.run()
     tail = s.live(publication=True)[-4:]
     assert tail == ["disc[quiet]", "ctxdisc[retained]", "agent/disposed", "session/disposed"], tail
-    assert not [t for t in s.live() if t.startswith("cancel-req")]
+    assert not live_of(s, "cancel-req")
     return s
 
 
@@ -388,17 +360,14 @@ def d6_teardown() -> Session:
           ["R16.5", "R16.2", "R11.3", "D6", "R16.1"],
           ["rule", "cancel", "differs-from-original", "D6"])
 def d6_keep_inbox_then_cancel() -> Session:
-    s = Session("ok")
-    s.hold("step")
-    s.followup("go")
-    s.run()
+    s = started("ok", hold="step")
     s.inject("c1", "plugin:test")
     s.steer("s1")
     s.cancel(keep_inbox=True)
     s.resolve("step")
     s.run()
     s.expect_log("TS(1,msg:user) UM('go') TE(1,aborted)")
-    assert not [t for t in s.live() if t.startswith(("disc", "ctxdisc"))]
+    assert not live_of(s, "disc", "ctxdisc")
     assert (s.core.pending_steering, s.core.pending_context) == (1, 1)
     s.cancel()
     s.run()
@@ -464,10 +433,9 @@ def resumed_parallel_retry() -> Session:
           "its pending steering and context",
           ["R7.10", "R16.2", "D6", "R4.7", "P11"], ["rule", "cancel", "differs-from-original", "D6"])
 def resumed_rejected_and_cancel() -> Session:
-    s = _admission_pending(Session("ok", seed=lifecycle_one(), session_start="resume"),
-                           "blocked", "c1", "c2")
-    s.resolve("prompt-submit", {"kind": "block", "reason": "no"})
-    s.run()
+    s = admission_pending(Session("ok", seed=lifecycle_one(), session_start="resume"),
+                          "blocked", "c1", "c2")
+    block(s)
     s.hold("step")
     s.followup("go")
     s.run()
@@ -479,6 +447,6 @@ def resumed_rejected_and_cancel() -> Session:
     s.expect_log("TS(1,msg:user) UM('first') SS(1.1) RH(initial) CH… AM(1.1;'one') SE(1.1) "
                  "TE(1,completed) UM('c1';plugin:test) UM('c2';plugin:test) TS(2,msg:user) "
                  "UM('go') TE(2,aborted)")
-    reports = [t for t in s.live() if t.startswith(("disc", "ctxdisc"))]
+    reports = live_of(s, "disc", "ctxdisc")
     assert reports == ["disc[s1]", "ctxdisc[c3]"], reports
     return s

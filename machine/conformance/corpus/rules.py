@@ -18,11 +18,11 @@ from machine.conformance.authoring import (
     result,
     scenario,
 )
+from machine.conformance.corpus.common import FAILURE, live_of, started
 from machine.io import Effect, Live
 from machine.jsonvalue import thaw
 from machine.vocabulary import ErrorInfo
 
-FAILURE = model_failure("model unavailable", "UNAVAILABLE")
 PARALLEL: Any = "parallel"
 
 
@@ -45,10 +45,10 @@ def invalid_decisions() -> Session:
     s.run()
     s.expect_log("TS(1,msg:user) UM('third') SS(1.1) RH(initial) CH… AM(1.1;'ok') SE(1.1) "
                  "TE(1,completed)")
-    warnings = [t for t in s.live() if t.startswith("warn(")]
+    warnings = live_of(s, "warn(")
     assert len(warnings) == 2 and all(
         w.startswith("warn('prompt admission returned an invalid decision: ") for w in warnings)
-    assert not [t for t in s.live() if t.startswith("error")]
+    assert not live_of(s, "error")
     return s
 
 
@@ -136,7 +136,7 @@ def retry_chain() -> Session:
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) SE(1.1) TE(1,error) TS(2,retry) "
                  "SS(2.1) SE(2.1) TE(2,error) TS(3,retry) SS(3.1) CH… AM(3.1;'finally') SE(3.1) "
                  "TE(3,completed)")
-    assert [t for t in s.live() if t.startswith("settled")] == ["settled(3,completed)"]
+    assert live_of(s, "settled") == ["settled(3,completed)"]
     prior = [len(thaw(e.payload)["priorFailures"]) for e in s.effects("request-error")]
     assert prior == [0, 1], prior
     s.followup("next")
@@ -152,10 +152,7 @@ def retry_chain() -> Session:
           ["R9.7", "R15.4", "R13.1", "R15.3", "P5", "P12", "D5", "V18"],
           ["rule", "differs-from-original", "D5"])
 def invalid_chunks() -> Session:
-    s = Session([{"type": "text", "text": "no finish"}])
-    s.hold("model")
-    s.followup("first")
-    s.run()
+    s = started([{"type": "text", "text": "no finish"}], hold="model", prompt="first")
     s.stream([{"type": "text", "text": "fine"}], end=False)
     s.pump()
     s.stream([{"type": "text"}], end=False)
@@ -174,10 +171,7 @@ def invalid_chunks() -> Session:
           "fails with INVALID_CHUNK and no assistant message is written (D5)",
           ["R9.7", "R15.4", "P5", "D5"], ["rule", "differs-from-original", "D5"])
 def chunk_after_finish() -> Session:
-    s = Session()
-    s.hold("model")
-    s.followup("go")
-    s.run()
+    s = started(hold="model")
     s.stream([{"type": "text", "text": "done"}, {"type": "finish", "kind": "stop"},
               {"type": "text", "text": "extra"}], end=False)
     s.run()
@@ -193,10 +187,7 @@ def chunk_after_finish() -> Session:
           "it (D5)",
           ["R9.7", "P12", "V18", "R15.4", "D5"], ["rule", "differs-from-original", "D5"])
 def unknown_chunk_type() -> Session:
-    s = Session()
-    s.hold("model")
-    s.followup("go")
-    s.run()
+    s = started(hold="model")
     s.stream([{"type": "text", "text": "so far"}, {"type": "ping"}], end=False)
     s.run()
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH SE(1.1) TE(1,error)")
@@ -362,8 +353,7 @@ def max_tokens_sticky() -> Session:
     s.followup("again")
     s.run()
     assert [r["kind"] for r in s.reasons()] == ["max-tokens", "completed"]
-    assert [t for t in s.live() if t.startswith("settled")] == [
-        "settled(1,completed)", "settled(2,completed)"]
+    assert live_of(s, "settled") == ["settled(1,completed)", "settled(2,completed)"]
     return s
 
 
@@ -401,10 +391,7 @@ def dispose_no_new_work() -> Session:
           "is taken by its inherited drain",
           ["R16.5", "R11.3", "R8.3", "R7.2"], ["rule", "cancel"])
 def keep_inbox_turn() -> Session:
-    s = Session("next reply")
-    s.hold("model")
-    s.followup("go")
-    s.run()
+    s = started("next reply", hold="model")
     s.followup("next")
     s.steer("kept steering")
     s.cancel(keep_inbox=True)
@@ -415,7 +402,7 @@ def keep_inbox_turn() -> Session:
                  "TS(2,msg:user) STM(2;'kept steering';user) UM('next') SS(2.1) CH… "
                  "AM(2.1;'next reply') SE(2.1) TE(2,completed)")
     assert s.live("agent/status") == ["running", "idle"]
-    assert not [t for t in s.live() if t.startswith(("disc", "ctxdisc"))]
+    assert not live_of(s, "disc", "ctxdisc")
     return s
 
 
@@ -425,10 +412,7 @@ def keep_inbox_turn() -> Session:
           "error result keeps that result",
           ["R16.6", "R0.7", "R10.7", "R10.11"], ["rule", "cancel", "tools"])
 def ignored_signal() -> Session:
-    s = Session(calls(("c1", "t")))
-    s.hold("tool-execute")
-    s.followup("go")
-    s.run()
+    s = started(calls(("c1", "t")), hold="tool-execute")
     s.cancel()
     s.run()
     assert s.types()[-1] == "tool/call" and not s.core.is_quiescent
@@ -477,10 +461,7 @@ def protocol_errors() -> Session:
           "context injected after the step hook's completion still joins the top-of-step drain",
           ["P6", "P3", "R9.2"], ["rule", "protocol"])
 def lazy_completions() -> Session:
-    s = Session("ok")
-    s.hold("step")
-    s.followup("go")
-    s.run()
+    s = started("ok", hold="step")
     s.resolve("step")
     s.inject("after completion", "plugin:test")
     s.run()
@@ -617,7 +598,7 @@ def turn_cannot_start() -> Session:
     s.core.append("turn/start", {"turn": 1, "trigger": {"kind": "retry"}})
     s.followup("go")
     s.run()
-    assert not [t for t in s.live() if t.startswith("warn(")], s.live()
+    assert not live_of(s, "warn("), s.live()
     errors = [o.event.payload for o in s.outputs
               if isinstance(o, Live) and o.event.type == "agent/error"]
     assert [(e["turn"], e["step"], thaw(e["error"])) for e in errors] == [

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from machine.conformance.authoring import Session, error, live, notation, scenario
+from machine.conformance.corpus.common import block, started
 from machine.errors import ValidationError
 from machine.io import Control, Effect
 
@@ -191,10 +192,7 @@ def a8() -> Session:
           "wake (the agent is busy) and its turn keeps its own plugin source as trigger",
           ["R6.1", "V13", "R7.9", "R5.6", "R12.7"], ["scenario", "scenario:A10"])
 def a10() -> Session:
-    s = Session("one", "two")
-    s.hold("prompt-submit")
-    s.followup("user message")
-    s.run()
+    s = started("one", "two", hold="prompt-submit", prompt="user message")
     assert s.core.status == "running"
     s.followup("plugin message", "plugin:test")
     assert len(s.effects("tick")) == 1 and not s.core.wake_pending   # queued without a wake
@@ -304,10 +302,7 @@ def b3() -> Session:
           ["R4.3", "R5.2", "R5.3", "R7.3", "R8.3", "R11.1", "R11.2", "R19"],
           ["scenario", "scenario:B4"])
 def b4() -> Session:
-    s = Session("ok")
-    s.hold("prompt-submit")
-    s.followup("admitted prompt")
-    s.run()
+    s = started("ok", hold="prompt-submit", prompt="admitted prompt")
     assert s.core.status == "running" and s.core.accepts_next_step and s.log() == []
     s.inject("attached context", "plugin:test")
     s.steer("admission steering")
@@ -337,14 +332,10 @@ def b4() -> Session:
           "after the window closes; no turn, no flush, no settlement",
           ["R7.10", "R11.2", "R4.3"], ["scenario", "scenario:B7"])
 def b7() -> Session:
-    s = Session()
-    s.hold("prompt-submit")
-    s.followup("blocked prompt")
-    s.run()
+    s = started(hold="prompt-submit", prompt="blocked prompt")
     s.inject("independent context", "plugin:test")
     assert s.log() == []
-    s.resolve("prompt-submit", {"kind": "block", "reason": "no"})
-    s.run()
+    block(s)
     s.expect_log("UM('independent context';plugin:test)")
     s.expect_live("enq(blocked prompt,q) running deq(blocked prompt,q) idle")
     assert s.trace(durable=("UM",), effects=("flush",)) == notation(
@@ -361,14 +352,10 @@ def b7() -> Session:
           ["R7.10", "D7", "L13", "L11", "P14"],
           ["scenario", "scenario:B8", "differs-from-original", "D7"])
 def b8() -> Session:
-    s = Session("retried")
-    s.hold("prompt-submit")
-    s.followup("blocked")
-    s.run()
+    s = started("retried", hold="prompt-submit", prompt="blocked")
     s.inject("retained context", "plugin:test")
     s.observer_vetoes()
-    s.resolve("prompt-submit", {"kind": "block", "reason": "no"})
-    s.run()
+    block(s)
     assert s.log() == ["UM('retained context';plugin:test)"]
     # neither removed nor delayed: appended at the rejected path, before continue-or-idle
     assert s.trace(durable=("UM",), effects=("tick",))[-3:] == notation(
@@ -433,10 +420,7 @@ def b10() -> Session:
           "ignored (no warning), no turn opens, nothing is discarded",
           ["R7.7", "R7.8", "R16.2", "R16.4", "R4.4", "R0.7"], ["scenario", "scenario:B11"])
 def b11() -> Session:
-    s = Session()
-    s.hold("prompt-submit")
-    s.followup("go")
-    s.run()
+    s = started(hold="prompt-submit")
     s.cancel()
     s.run()
     s.resolve("prompt-submit", {"kind": "allow"})

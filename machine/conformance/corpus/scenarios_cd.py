@@ -14,6 +14,7 @@ from machine.conformance.authoring import (
     result,
     scenario,
 )
+from machine.conformance.corpus.common import inject_during
 from machine.io import Effect
 
 PARALLEL: Any = "parallel"
@@ -122,11 +123,7 @@ def c5() -> Session:
           ["R9.6", "R9.10", "R11.2", "R4.8"], ["scenario", "scenario:C7"])
 def c7() -> Session:
     s = Session("one", "two")
-
-    def request_hook(e: Effect) -> Any:
-        s.inject("[late context]", "plugin:test")
-        return None
-    s.handle("request", request_hook, times=1)
+    inject_during(s, "request", "[late context]")
     s.followup("first")
     s.run()
     s.followup("second")

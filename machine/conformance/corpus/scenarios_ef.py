@@ -3,34 +3,22 @@ flush barrier) of scenarios.md."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from machine.conformance.authoring import (
-    Session,
-    calls,
-    durable,
-    error,
-    live,
-    model_failure,
-    notation,
-    result,
-    scenario,
-)
+from machine.conformance.authoring import Session, calls, durable, error, live, notation, result, scenario
+from machine.conformance.corpus.common import ABORT, FAILURE, Variant, live_of, started, variants
 from machine.errors import InvariantError
 from machine.io import Control, Effect, Live
 from machine.jsonvalue import thaw
 
-ABORT = error("the signal was aborted", "AbortError")
 
-
-def hanging_model(s: Session) -> None:
-    """The model yields two chunks, then hangs until its signal is aborted."""
-    s.hold("model")
-
-
-def two_chunks(s: Session) -> None:
+def streaming() -> Session:
+    """The prompt 'go'; the model yields two chunks, then hangs until its signal is aborted."""
+    s = started(hold="model")
     s.stream([{"type": "text", "text": "partial "}, {"type": "text", "text": "answer"}], end=False)
     s.pump()
+    return s
 
 
 # --------------------------------------------------------------------------
@@ -101,7 +89,7 @@ def e3() -> Session:
     s.expect_log("TS(1,msg:user) UM('preserved') SS(1.1) RH(initial) CH… AM(1.1;'a') SE(1.1) "
                  "TE(1,completed) TS(2,msg:user) UM('wake it') SS(2.1) CH… AM(2.1;'b') SE(2.1) "
                  "TE(2,completed)")
-    assert not [t for t in s.live() if t.startswith(("cancel-req", "disc", "ctxdisc"))]
+    assert not live_of(s, "cancel-req", "disc", "ctxdisc")
     return s
 
 
@@ -195,7 +183,7 @@ def e10a() -> Session:
     assert len(s.effects("model")) == 1 and len(s.of("turn/start")) == 1
     s.followup("later")
     s.run()
-    assert [t for t in s.live() if t.startswith(("cancel-req", "disc"))] == [
+    assert live_of(s, "cancel-req", "disc") == [
         "cancel-req(user)", "disc[cancelled replacement]"]
     assert [d["content"][0]["text"] for d in s.data("user/message")] == ["first", "later"]
     return s
@@ -228,11 +216,7 @@ def e10b() -> Session:
           "no assistant message and no agent/error",
           ["R16.2", "R9.7", "R8.6", "R15.1", "R0.7"], ["scenario", "scenario:E11", "cancel"])
 def e11() -> Session:
-    s = Session()
-    hanging_model(s)
-    s.followup("go")
-    s.run()
-    two_chunks(s)
+    s = streaming()
     mark = len(s.outputs)
     s.followup("queued tail")
     s.cancel()
@@ -254,11 +238,7 @@ def e11() -> Session:
           "discard, never appended; no second step or turn",
           ["R16.2", "R5.3", "R15.1"], ["scenario", "scenario:E12", "cancel"])
 def e12() -> Session:
-    s = Session()
-    hanging_model(s)
-    s.followup("go")
-    s.run()
-    two_chunks(s)
+    s = streaming()
     s.steer("steer text")
     s.cancel()
     s.run()
@@ -271,6 +251,7 @@ def e12() -> Session:
 
 
 def _e14(dispose: bool) -> Session:
+    """E14: a cancel (or, with *dispose*, a disposal) from a step/start observer."""
     s = Session("never")
     s.on(durable("step/start"), lambda o: s.dispose() if dispose else s.cancel())
     s.followup("go")
@@ -281,27 +262,24 @@ def _e14(dispose: bool) -> Session:
     return s
 
 
-@scenario("E14a-cancel-from-step-start",
-          "E14. A cancel from a step/start observer is noticed right after step/start: no request "
-          "header, no request; the step is closed and the turn ends aborted",
-          ["R9.5", "R4.5", "R8.6", "R15.1", "R19"], ["scenario", "scenario:E14", "cancel"])
-def e14a() -> Session:
-    return _e14(False)
-
-
-@scenario("E14b-dispose-from-step-start",
-          "E14 (variant). dispose() from a step/start observer: the turn ends disposed, then "
-          "teardown",
-          ["R9.5", "R17.1", "R15.1", "R19"], ["scenario", "scenario:E14", "dispose"])
-def e14b() -> Session:
-    return _e14(True)
+variants(
+    Variant("E14a-cancel-from-step-start",
+            "E14. A cancel from a step/start observer is noticed right after step/start: no "
+            "request header, no request; the step is closed and the turn ends aborted",
+            ["R9.5", "R4.5", "R8.6", "R15.1", "R19"], ["scenario", "scenario:E14", "cancel"],
+            lambda: _e14(False)),
+    Variant("E14b-dispose-from-step-start",
+            "E14 (variant). dispose() from a step/start observer: the turn ends disposed, then "
+            "teardown",
+            ["R9.5", "R17.1", "R15.1", "R19"], ["scenario", "scenario:E14", "dispose"],
+            lambda: _e14(True)),
+)
 
 
 def _e16(seam: str, dispose: bool) -> Session:
-    s = Session("never")
-    s.hold(seam)
-    s.followup("go")
-    s.run()
+    """E16: a cancel (or, with *dispose*, a disposal) while {*seam*} is outstanding; the seam
+    then answers."""
+    s = started("never", hold=seam)
     if dispose:
         s.dispose()
     else:
@@ -316,36 +294,28 @@ def _e16(seam: str, dispose: bool) -> Session:
     return s
 
 
-@scenario("E16a-cancel-during-system-prompt",
-          "E16a. A cancel while system-prompt assembly is pending: the check after assembly ends "
-          "the turn aborted before step/start",
-          ["R9.3", "R8.6", "R15.1"], ["scenario", "scenario:E16", "cancel"])
-def e16a() -> Session:
-    return _e16("system-prompt", False)
-
-
-@scenario("E16b-cancel-during-step-hook",
-          "E16b. A cancel while the step extension point is pending: the check after it ends the "
-          "turn aborted before step/start",
-          ["R9.1", "R8.6", "R15.1"], ["scenario", "scenario:E16", "cancel"])
-def e16b() -> Session:
-    return _e16("step", False)
-
-
-@scenario("E16c-dispose-during-system-prompt",
-          "E16a (disposal). dispose() while system-prompt assembly is pending: the turn ends "
-          "disposed",
-          ["R9.3", "R17.1", "R15.1"], ["scenario", "scenario:E16", "dispose"])
-def e16c() -> Session:
-    return _e16("system-prompt", True)
-
-
-@scenario("E16d-dispose-during-step-hook",
-          "E16b (disposal). dispose() while the step extension point is pending: the turn ends "
-          "disposed",
-          ["R9.1", "R17.1", "R15.1"], ["scenario", "scenario:E16", "dispose"])
-def e16d() -> Session:
-    return _e16("step", True)
+variants(
+    Variant("E16a-cancel-during-system-prompt",
+            "E16a. A cancel while system-prompt assembly is pending: the check after assembly "
+            "ends the turn aborted before step/start",
+            ["R9.3", "R8.6", "R15.1"], ["scenario", "scenario:E16", "cancel"],
+            lambda: _e16("system-prompt", False)),
+    Variant("E16b-cancel-during-step-hook",
+            "E16b. A cancel while the step extension point is pending: the check after it ends "
+            "the turn aborted before step/start",
+            ["R9.1", "R8.6", "R15.1"], ["scenario", "scenario:E16", "cancel"],
+            lambda: _e16("step", False)),
+    Variant("E16c-dispose-during-system-prompt",
+            "E16a (disposal). dispose() while system-prompt assembly is pending: the turn ends "
+            "disposed",
+            ["R9.3", "R17.1", "R15.1"], ["scenario", "scenario:E16", "dispose"],
+            lambda: _e16("system-prompt", True)),
+    Variant("E16d-dispose-during-step-hook",
+            "E16b (disposal). dispose() while the step extension point is pending: the turn ends "
+            "disposed",
+            ["R9.1", "R17.1", "R15.1"], ["scenario", "scenario:E16", "dispose"],
+            lambda: _e16("step", True)),
+)
 
 
 @scenario("E18a-first-cause-wins",
@@ -353,11 +323,7 @@ def e16d() -> Session:
           "both emit cancel-requested, the abort reason is parent, the turn ends aborted",
           ["R16.3", "R15.1", "P5"], ["scenario", "scenario:E18", "cancel"])
 def e18a() -> Session:
-    s = Session()
-    hanging_model(s)
-    s.followup("go")
-    s.run()
-    two_chunks(s)
+    s = streaming()
     s.cancel("parent")
     s.cancel("user")
     s.run()
@@ -365,7 +331,7 @@ def e18a() -> Session:
     assert reason is not None and reason.to_json() == {"kind": "parent"}
     s.fail_model(ABORT)
     s.run()
-    assert [t for t in s.live() if t.startswith("cancel-req")] == [
+    assert live_of(s, "cancel-req") == [
         "cancel-req(parent)", "cancel-req(user)"]
     aborts = [o.to_json() for o in s.outputs if o.to_json().get("out") == "abort"]
     assert aborts == [{"out": "abort", "signal": 2, "reason": {"kind": "parent"}}]
@@ -378,11 +344,7 @@ def e18a() -> Session:
           "settles aborted, then idle and teardown",
           ["R16.3", "R17.1", "R15.1"], ["scenario", "scenario:E18", "cancel", "dispose"])
 def e18b() -> Session:
-    s = Session()
-    hanging_model(s)
-    s.followup("go")
-    s.run()
-    two_chunks(s)
+    s = streaming()
     mark = len(s.outputs)
     s.cancel()
     s.dispose()
@@ -397,10 +359,9 @@ def e18b() -> Session:
 
 
 def _e19(seam: str, replies: list[Any], expected: str, *, answer: Any = None) -> Session:
-    s = Session(*replies)
-    s.hold(seam)
-    s.followup("go")
-    s.run()
+    """E19: a cancel while {*seam*} is outstanding; the seam then returns *answer* normally and
+    the log reads *expected*; the turn's one signal is the one aborted."""
+    s = started(*replies, hold=seam)
     s.cancel()
     s.run()
     s.resolve(seam, answer)
@@ -414,48 +375,40 @@ def _e19(seam: str, replies: list[Any], expected: str, *, answer: Any = None) ->
     return s
 
 
-@scenario("E19a-seam-system-prompt",
-          "E19 (system-prompt assembly). A seam that waits for the abort and returns normally: "
-          "the turn ends aborted before step/start",
-          ["R0.7", "R9.3", "R16.4"], ["scenario", "scenario:E19", "cancel"])
-def e19a() -> Session:
-    return _e19("system-prompt", ["x"], "TS(1,msg:user) UM('go') TE(1,aborted)")
+E19 = ["scenario", "scenario:E19", "cancel"]
 
-
-@scenario("E19b-seam-step-hook",
-          "E19 (step handler). The step extension point returns normally after the abort: the "
-          "turn ends aborted before step/start",
-          ["R0.7", "R9.1", "R16.4"], ["scenario", "scenario:E19", "cancel"])
-def e19b() -> Session:
-    return _e19("step", ["x"], "TS(1,msg:user) UM('go') TE(1,aborted)")
-
-
-@scenario("E19c-seam-request-hook",
-          "E19 (request handler). The request extension point returns normally after the abort: "
-          "no header, no model call; the open step is closed",
-          ["R0.7", "R9.6", "R16.4"], ["scenario", "scenario:E19", "cancel"])
-def e19c() -> Session:
-    return _e19("request", ["x"], "TS(1,msg:user) UM('go') SS(1.1) SE(1.1) TE(1,aborted)",
-                answer={"config": {"provider": "test", "model": "test-model"}})
-
-
-@scenario("E19d-seam-turn-stopping",
-          "E19 (turn-stopping handler). turn-stopping returns normally after the abort: the "
-          "check after it ends the turn aborted after the completed step",
-          ["R0.7", "R8.5", "R16.4"], ["scenario", "scenario:E19", "cancel"])
-def e19d() -> Session:
-    return _e19("turn-stopping", ["x"], "TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… "
-                "AM(1.1;'x') SE(1.1) TE(1,aborted)")
-
-
-@scenario("E19e-seam-tool-body",
-          "E19 (tool body). A tool body that returns a success after the abort is committed with "
-          "the aborted result; the turn ends aborted at the next step's check",
-          ["R0.7", "R10.11", "R10.8", "R16.4"], ["scenario", "scenario:E19", "cancel", "tools"])
-def e19e() -> Session:
-    return _e19("tool-execute", [calls(("c1", "t"))],
-                "TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;call c1) TC(1.1;c1) "
-                "TR(1.1;c1;ERR ABORTED) SE(1.1) TE(1,aborted)", answer=result())
+variants(
+    Variant("E19a-seam-system-prompt",
+            "E19 (system-prompt assembly). A seam that waits for the abort and returns normally: "
+            "the turn ends aborted before step/start",
+            ["R0.7", "R9.3", "R16.4"], E19,
+            lambda: _e19("system-prompt", ["x"], "TS(1,msg:user) UM('go') TE(1,aborted)")),
+    Variant("E19b-seam-step-hook",
+            "E19 (step handler). The step extension point returns normally after the abort: the "
+            "turn ends aborted before step/start",
+            ["R0.7", "R9.1", "R16.4"], E19,
+            lambda: _e19("step", ["x"], "TS(1,msg:user) UM('go') TE(1,aborted)")),
+    Variant("E19c-seam-request-hook",
+            "E19 (request handler). The request extension point returns normally after the "
+            "abort: no header, no model call; the open step is closed",
+            ["R0.7", "R9.6", "R16.4"], E19,
+            lambda: _e19("request", ["x"], "TS(1,msg:user) UM('go') SS(1.1) SE(1.1) TE(1,aborted)",
+                         answer={"config": {"provider": "test", "model": "test-model"}})),
+    Variant("E19d-seam-turn-stopping",
+            "E19 (turn-stopping handler). turn-stopping returns normally after the abort: the "
+            "check after it ends the turn aborted after the completed step",
+            ["R0.7", "R8.5", "R16.4"], E19,
+            lambda: _e19("turn-stopping", ["x"], "TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… "
+                         "AM(1.1;'x') SE(1.1) TE(1,aborted)")),
+    Variant("E19e-seam-tool-body",
+            "E19 (tool body). A tool body that returns a success after the abort is committed "
+            "with the aborted result; the turn ends aborted at the next step's check",
+            ["R0.7", "R10.11", "R10.8", "R16.4"], [*E19, "tools"],
+            lambda: _e19("tool-execute", [calls(("c1", "t"))],
+                         "TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;call c1) "
+                         "TC(1.1;c1) TR(1.1;c1;ERR ABORTED) SE(1.1) TE(1,aborted)",
+                         answer=result())),
+)
 
 
 @scenario("E21-dispose-then-raise-in-step-hook",
@@ -472,7 +425,7 @@ def e21() -> Session:
     s.followup("go")
     s.run()
     s.expect_log("TS(1,msg:user) UM('go') TE(1,disposed)")
-    assert not [t for t in s.live() if t.startswith("error")]
+    assert not live_of(s, "error")
     assert s.live("agent/settled") == ["settled(1,aborted)"]
     return s
 
@@ -481,18 +434,13 @@ def e21() -> Session:
 # F
 # --------------------------------------------------------------------------
 
-FAILURE = model_failure("model unavailable", "UNAVAILABLE")
-
-
 @scenario("F1-model-failure-is-turn-error",
           "F1. A raised model failure is a request failure: step/end, the request-error "
           "extension point (default: no retry), one agent/error, turn/end with the failure facts, "
           "flush, settled error",
           ["R9.7", "R13.1", "R13.2", "R15.2", "V19"], ["scenario", "scenario:F1"])
 def f1() -> Session:
-    s = Session(FAILURE)
-    s.followup("hi")
-    s.run()
+    s = started(FAILURE, prompt="hi")
     s.expect_log("TS(1,msg:user) UM('hi') SS(1.1) RH(initial) SE(1.1) TE(1,error)")
     assert s.reasons() == [{"kind": "error", "step": 1, "failure": {
         "message": "model unavailable", "code": "UNAVAILABLE"}}]
@@ -500,50 +448,45 @@ def f1() -> Session:
     assert trace[trace.index("⟨model 1.1⟩"):] == [
         "⟨model 1.1⟩", "[SE(1.1)]", "⟨request-error 1.1⟩", "error(1,1,'model unavailable')",
         "[TE(1,error)]", "flush(1)", "settled(1,error)", "idle"], trace
-    assert [t for t in s.live() if t.startswith("error")] == ["error(1,1,'model unavailable')"]
+    assert live_of(s, "error") == ["error(1,1,'model unavailable')"]
     return s
 
 
-def _finish_failure(finish: dict[str, Any]) -> Session:
-    s = Session([finish])
-    s.followup("go")
-    s.run()
-    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH SE(1.1) TE(1,error)")
-    return s
+def _finish_failure(kind: str, failure: dict[str, Any], *, carried: bool = True
+                    ) -> Callable[[], Session]:
+    """A finish chunk of *kind* (carrying *failure* if *carried*): the failure facts become the
+    durable error reason."""
+    def play() -> Session:
+        finish: dict[str, Any] = {"type": "finish", "kind": kind}
+        if carried:
+            finish["failure"] = failure
+        s = started([finish])
+        s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH SE(1.1) TE(1,error)")
+        assert s.reasons() == [{"kind": "error", "step": 1, "failure": failure}]
+        return s
+    return play
 
 
-@scenario("F2a-error-finish-chunk",
-          "F2. An error finish chunk is appended as a chunk; its failure facts become the durable "
-          "error reason; no assistant message",
-          ["R9.7", "R13.1", "R15.2", "V18"], ["scenario", "scenario:F2"])
-def f2a() -> Session:
-    failure = {"message": "provider 401", "code": "AUTH", "status": 401,
-               "providerRetryAfterMs": 2000, "requestId": "req-1"}
-    s = _finish_failure({"type": "finish", "kind": "error", "failure": failure})
-    assert s.reasons() == [{"kind": "error", "step": 1, "failure": failure}]
-    return s
-
-
-@scenario("F2b-aborted-finish-with-failure",
-          "F2 (variant). An aborted finish carrying a failure gives the same shape with that "
-          "failure",
-          ["R9.7", "R13.1", "R15.2"], ["scenario", "scenario:F2"])
-def f2b() -> Session:
-    failure = {"message": "stopped upstream", "code": "ABORTED"}
-    s = _finish_failure({"type": "finish", "kind": "aborted", "failure": failure})
-    assert s.reasons() == [{"kind": "error", "step": 1, "failure": failure}]
-    return s
-
-
-@scenario("F2c-aborted-finish-default-failure",
-          "F2 (variant). An aborted finish without a failure uses {message:'model request "
-          "aborted', code:'ABORTED'} and is a request failure (D12)",
-          ["R9.7", "R13.1", "R15.2", "D12"], ["scenario", "scenario:F2", "differs-from-original", "D12"])
-def f2c() -> Session:
-    s = _finish_failure({"type": "finish", "kind": "aborted"})
-    assert s.reasons() == [{"kind": "error", "step": 1, "failure": {
-        "message": "model request aborted", "code": "ABORTED"}}]
-    return s
+variants(
+    Variant("F2a-error-finish-chunk",
+            "F2. An error finish chunk is appended as a chunk; its failure facts become the "
+            "durable error reason; no assistant message",
+            ["R9.7", "R13.1", "R15.2", "V18"], ["scenario", "scenario:F2"],
+            _finish_failure("error", {"message": "provider 401", "code": "AUTH", "status": 401,
+                                      "providerRetryAfterMs": 2000, "requestId": "req-1"})),
+    Variant("F2b-aborted-finish-with-failure",
+            "F2 (variant). An aborted finish carrying a failure gives the same shape with that "
+            "failure",
+            ["R9.7", "R13.1", "R15.2"], ["scenario", "scenario:F2"],
+            _finish_failure("aborted", {"message": "stopped upstream", "code": "ABORTED"})),
+    Variant("F2c-aborted-finish-default-failure",
+            "F2 (variant). An aborted finish without a failure uses {message:'model request "
+            "aborted', code:'ABORTED'} and is a request failure (D12)",
+            ["R9.7", "R13.1", "R15.2", "D12"],
+            ["scenario", "scenario:F2", "differs-from-original", "D12"],
+            _finish_failure("aborted", {"message": "model request aborted", "code": "ABORTED"},
+                            carried=False)),
+)
 
 
 @scenario("F5-raising-recovery-no-retry",
@@ -678,7 +621,7 @@ def f9b() -> Session:
     s.followup("first")
     s.followup("second")
     s.run()
-    assert [t for t in s.live() if t.startswith("error")] == ["error(1,1,'disk unavailable')"]
+    assert live_of(s, "error") == ["error(1,1,'disk unavailable')"]
     assert "warn('session flush failed at turn 1: disk unavailable')" in s.live()
     assert "settled(1,completed)" in s.live() and len(s.effects("flush")) == 2
     assert s.live("agent/settled") == ["settled(1,completed)", "settled(2,completed)"]
@@ -692,9 +635,7 @@ def f9b() -> Session:
           "max-tokens while settling completed",
           ["R14.1", "R14.2", "R14.3", "V20"], ["scenario", "scenario:F10"])
 def f10() -> Session:
-    s = Session([{"type": "text", "text": "truncat"}, {"type": "finish", "kind": "max-tokens"}])
-    s.followup("go")
-    s.run()
+    s = started([{"type": "text", "text": "truncat"}, {"type": "finish", "kind": "max-tokens"}])
     s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH… AM(1.1;'truncat') SE(1.1) "
                  "TE(1,max-tokens)")
     assert len(s.effects("turn-stopping")) == 1 and len(s.effects("model")) == 1

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from machine.conformance.authoring import Session, calls, error, live, notation, result, scenario
+from machine.conformance.authoring import Session, calls, live, result, scenario
+from machine.conformance.corpus.common import (
+    block,
+    cancel_reports,
+    failed_step_retaining,
+    inject_during,
+    started,
+)
 from machine.events import Event
 from machine.io import Effect
 from machine.jsonvalue import thaw
@@ -187,11 +194,7 @@ def g8() -> Session:
           ["R8.5", "R11.2"], ["scenario", "scenario:H6"])
 def h6() -> Session:
     s = Session("x", "y")
-
-    def stopping(e: Effect) -> Any:
-        s.inject("stop-time context", "plugin:test")
-        return None
-    s.handle("turn-stopping", stopping, times=1)
+    inject_during(s, "turn-stopping", "stop-time context")
     s.followup("go")
     s.run()
     s.followup("next")
@@ -211,22 +214,13 @@ def h6() -> Session:
           ["R7.10", "R16.1", "R16.2", "D6", "R11.3", "R20.1"],
           ["scenario", "scenario:H7", "cancel", "differs-from-original", "D6"])
 def h7a() -> Session:
-    s = Session("ok")
-    s.hold("prompt-submit")
-    s.followup("blocked")
-    s.run()
+    s = started("ok", hold="prompt-submit", prompt="blocked")
     s.inject("staged context", "plugin:test")
     s.steer("staged steering")
-    s.resolve("prompt-submit", {"kind": "block", "reason": "no"})
-    s.run()
+    block(s)
     assert s.log() == [] and s.core.status == "idle"
     assert (s.core.pending_steering, s.core.pending_context) == (1, 1)
-    mark = len(s.outputs)
-    s.cancel()
-    s.run()
-    assert s.live()[-3:] == ["cancel-req(user)", "disc[staged steering]", "ctxdisc[staged context]"]
-    assert s.trace(controls=False, since=mark) == notation(
-        "cancel-req(user) disc[staged steering] ctxdisc[staged context]")
+    cancel_reports(s, "cancel-req(user) disc[staged steering] ctxdisc[staged context]")
     s.followup("later")
     s.run()
     s.expect_log("TS(1,msg:user) UM('later') SS(1.1) RH(initial) CH… AM(1.1;'ok') SE(1.1) "
@@ -240,22 +234,10 @@ def h7a() -> Session:
           ["R11.3", "R16.2", "D6", "R15.3"],
           ["scenario", "scenario:H7", "cancel", "differs-from-original", "D6"])
 def h7b() -> Session:
-    s = Session()
-
-    def step_hook(e: Effect) -> Any:
-        s.inject("C", "plugin:test")
-        return ("raise", error("step failed"))
-    s.handle("step", step_hook, times=1)
-    s.followup("go")
-    s.run()
-    s.expect_log("TS(1,msg:user) UM('go') TE(1,error)")
+    s = failed_step_retaining("C")
     assert s.reasons() == [{"kind": "error", "step": 1, "message": "step failed"}]
     assert s.core.pending_context == 1 and s.core.status == "idle"
-    mark = len(s.outputs)
-    s.cancel()
-    s.run()
-    assert s.live()[-2:] == ["cancel-req(user)", "ctxdisc[C]"]
-    assert s.trace(controls=False, since=mark) == notation("cancel-req(user) ctxdisc[C]")
+    cancel_reports(s, "cancel-req(user) ctxdisc[C]")
     return s
 
 
