@@ -147,6 +147,30 @@ def test_R13_3_the_retry_run_writes_retained_steering_under_its_own_turn_and_see
     assert s.live_tokens("agent/inbox/dequeue")[-1] == "deq(retained steer,s)"
 
 
+@both
+def test_R13_3_the_retry_run_drains_everything_retained_at_once_even_if_cancelled_meanwhile(
+        impl: str) -> None:
+    """R13.3 with R11.2: the retry run inherits nothing (``inherited`` 0), so the drain after
+    its ``turn/start`` takes every retained item to a fixed point; a keepInbox cancel at the
+    first one's dequeue leaves the rest staged (R16.2), and the same drain writes them."""
+    s = scenario(impl, model_failure("first", "E1"), "never")
+
+    def recover(effect: Effect) -> object:
+        if effect.payload["turn"] == 1:
+            s.steer("s1")
+            s.steer("s2")
+            return RETRY
+        return None
+    s.handle("request-error", recover)
+    s.observe("agent/inbox/dequeue", lambda data: s.cancel(keep_inbox=True)
+              if thaw(data["message"])["content"][0]["text"] == "s1" else None)
+    s.followup("go")
+    s.run()
+    log = s.log()
+    assert log[log.index("TS(2,retry)") + 1:][:2] == L("STM(2;'s1';user) STM(2;'s2';user)")
+    assert reason_kinds(s) == ["error", "aborted"]
+
+
 # --------------------------------------------------------------------------
 # R13.4 history reset
 # --------------------------------------------------------------------------

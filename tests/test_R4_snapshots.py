@@ -171,6 +171,25 @@ def test_R4_12_snapshots_tell_apart_states_that_differ_only_in_a_message_s_conte
     assert one.snapshot().key(symmetric=True) != other.snapshot().key(symmetric=True)
 
 
+def _queued_key(*messages: dict[str, JsonLike]) -> tuple[object, ...]:
+    """The symmetric key of an idle core holding *messages* queued, its outputs pulled (so
+    the queued messages are the only place their contents are held)."""
+    core = AgentCore()
+    for message in messages:
+        core.followup(message)
+    core.drain_outputs()
+    return core.snapshot().key(symmetric=True)
+
+
+def test_R4_12_the_symmetric_key_of_queued_messages_keeps_their_contents_and_repeated_ids(
+        ) -> None:
+    assert _queued_key(_msg("m1", "hello")) != _queued_key(_msg("m1", "goodbye"))
+    assert _queued_key(_msg("a", "x"), _msg("b", "y")) == _queued_key(_msg("p", "x"),
+                                                                      _msg("q", "y"))
+    assert _queued_key(_msg("a", "x"), _msg("a", "y")) != _queued_key(_msg("a", "x"),
+                                                                      _msg("b", "y"))
+
+
 def test_R4_12_restore_takes_only_a_snapshot() -> None:
     with pytest.raises(TypeError, match="CoreSnapshot"):
         AgentCore.restore(AgentCore())  # type: ignore[arg-type]

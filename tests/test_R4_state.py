@@ -13,6 +13,7 @@ import pytest
 from scenario_helpers import Scenario, aborts, both, reason_kinds, scenario
 
 from machine.core import CoreConfig
+from machine.errors import NotJsonCompatibleError
 from machine.events import Event
 from machine.jsonvalue import thaw
 from machine.scripted import Answer, Reply, calls_reply, model_failure
@@ -153,6 +154,12 @@ def test_R4_7_a_turn_start_appended_directly_updates_the_counter(impl: str) -> N
 # --------------------------------------------------------------------------
 # R4.8 header flag
 # --------------------------------------------------------------------------
+
+
+def test_R4_8_V1_request_options_that_are_not_json_are_refused_naming_the_option() -> None:
+    with pytest.raises(NotJsonCompatibleError) as refused:
+        CoreConfig(request_options={"provider": "p", "model": "m", "x": {1}})
+    assert str(refused.value) == "config.request_options.x: a set is not JSON-compatible"
 
 
 @both

@@ -108,11 +108,15 @@ def test_R9_6_a_header_that_differs_only_in_number_type_is_logged_as_a_change() 
     ({"type": "sparkle"},
      "invalid chunk: 'sparkle' is not a chunk type (one of "
      "block, finish, reasoning, text, tool-call, usage)"),
+    ({"type": "text", "text": 5}, "invalid chunk: a text chunk needs a string 'text'"),
+    ({"type": "finish", "kind": "bogus"},
+     "invalid chunk: chunk.kind: 'bogus' is not stop, max-tokens, error or aborted"),
 ])
 def test_R9_7_D5_an_invalid_chunk_fails_the_step_with_InvalidChunkError_saying_what_is_wrong(
         chunk: dict[str, Any], message: str) -> None:
-    """R9.7 / D5 (P12): a finish chunk carrying usage, or a chunk of a type that is not one
-    of the chunk types (named, in order), fails the step with that exact text (R15.4)."""
+    """R9.7 / D5 (P12): a finish chunk carrying usage, a chunk of a type that is not one
+    of the chunk types (named, in order), or a chunk whose fields are not its type's (V18),
+    fails the step with that exact text (R15.4)."""
     s = Scenario([chunk])
     s.followup("go")
     s.run()

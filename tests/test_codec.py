@@ -340,6 +340,16 @@ def test_E1_events_snapshot_their_data() -> None:
         event.seq = 3  # type: ignore[misc]
 
 
+class _Type(str):
+    """A str subclass given as an event type."""
+
+
+@pytest.mark.parametrize("type_", [_Type("x-ext/marker"), "x-ext/märker"])
+def test_E1_V23_an_event_type_is_kept_as_plain_text(type_: str) -> None:
+    event = Event(type_, 0, 0, {})  # type: ignore[arg-type]
+    assert event.type == type_ and type(event.type) is str
+
+
 @pytest.mark.parametrize(("args", "path"), [
     (("", 0, 0, {}), "event.type"),
     (("x/y", -1, 0, {}), "event.seq"),

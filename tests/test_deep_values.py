@@ -17,7 +17,7 @@ from scenario_helpers import Scenario, at
 
 from machine.core import AgentCore, CoreConfig
 from machine.errors import NotJsonCompatibleError
-from machine.jsonvalue import MAX_DEPTH, FrozenList, freeze, frozen_from_json, thaw
+from machine.jsonvalue import MAX_DEPTH, FrozenList, depth_of, freeze, frozen_from_json, thaw
 from machine.scripted import Driver, ScriptedEnvironment, calls_reply, ok_result, text_reply
 
 if TYPE_CHECKING:
@@ -45,6 +45,39 @@ def test_V1_deeper_nesting_is_refused_naming_where(depth: int) -> None:
     with pytest.raises(NotJsonCompatibleError, match="nest more than 128 levels deep") as caught:
         freeze(nested(depth), "arguments")
     assert caught.value.path.startswith("arguments")
+
+
+class _Text(str):
+    """A str subclass: its container is frozen item by item, not copied at once."""
+
+
+def test_V1_a_dict_of_frozen_values_inside_a_container_counts_toward_the_bound() -> None:
+    inner = freeze(nested(MAX_DEPTH - 2))                 # a frozen value, depth 126
+    assert depth_of(freeze([_Text("x"), {"k": inner}])) == MAX_DEPTH
+    deeper = freeze(nested(MAX_DEPTH - 1))                # depth 127: the list would be 129
+    with pytest.raises(NotJsonCompatibleError, match="nest more than 128 levels deep") as caught:
+        freeze([_Text("x"), {"k": deeper}], "arguments")
+    assert caught.value.path.startswith("arguments[1]")
+
+
+def test_V1_a_bound_given_to_freeze_holds_for_a_list_too() -> None:
+    assert freeze([1], "v", max_depth=1) == [1]
+    with pytest.raises(NotJsonCompatibleError) as caught:
+        freeze([[1]], "v", max_depth=1)
+    assert str(caught.value) == "v[0]: arrays and objects nest more than 1 levels deep"
+
+
+def test_V1_frozen_arrays_nested_in_frozen_arrays_count_every_level() -> None:
+    def arrays(depth: int) -> Any:
+        value: Any = 1
+        for _ in range(depth):
+            value = [value]
+        return value
+    assert depth_of(freeze(arrays(2))) == 2
+    inner = freeze(arrays(MAX_DEPTH))
+    assert depth_of(inner) == MAX_DEPTH
+    with pytest.raises(NotJsonCompatibleError, match="nest more than 128 levels deep"):
+        freeze([inner])
 
 
 def test_V1_a_frozen_container_refuses_deep_contents_too() -> None:

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from scenario_helpers import at
+from scenario_helpers import Scenario, at
 
 from machine.core import AgentCore, CoreConfig
 from machine.errors import CoreFailedError, InvariantError, ProtocolError, TurnstileError
@@ -360,6 +360,22 @@ def test_P16_a_stopped_core_refuses_commands_and_accepts_late_completions() -> N
     assert run.outputs[-1].event.type == SESSION_DISPOSED
     if run.monitor is not None:
         run.monitor.poll(quiet=True)
+
+
+def test_P16_an_abandoned_model_stream_takes_late_chunks_until_its_end_once() -> None:
+    """P16: a model stream outstanding when the core stops is abandoned: its late chunks
+    are accepted and dropped, and so is its end, after which it is completed."""
+    s = Scenario()
+    s.hold("model")
+    s.followup("go")
+    s.run()
+    model = s.hang_model()
+    s.core._stop(RuntimeError("simulated"))      # the P16 stop, as the net calls it
+    s.core.chunk(model.id, {"type": "text", "text": "late"})
+    s.core.chunk(model.id, {"type": "text", "text": "later"})
+    s.core.end(model.id)                          # accepted and dropped
+    with pytest.raises(ProtocolError, match="already completed"):
+        s.core.end(model.id)
 
 
 def test_P16_completions_of_abandoned_effects_are_accepted_once() -> None:

@@ -20,7 +20,7 @@ from machine.events import Event, LiveEvent
 from machine.invariants import AgentInvariantError, InvariantMonitor, conservation_problem
 from machine.io import Cancel, Durable, Effect, Input, Live, Output, Resolve, Send
 from machine.jsonvalue import FrozenDict, FrozenList, freeze
-from machine.vocabulary import FOLLOWUP, INJECT
+from machine.vocabulary import FOLLOWUP, INJECT, user_message
 
 CONFIG = CoreConfig(request_options={"provider": "p", "model": "m"}, publish=False)
 
@@ -88,6 +88,14 @@ def test_R20_1c_a_closed_window_inject_is_in_the_ledger() -> None:
     assert run.monitor.injected == {"c1": 1} and run.monitor.logged == {"c1": 1}
 
 
+def test_R20_1c_an_inject_of_a_message_object_is_in_the_ledger_by_its_id() -> None:
+    """A Send may carry a `Message` (R5.1) rather than its JSON: the ledger takes its id."""
+    run = Monitored()
+    run.feed(Send(user_message("c1", "c1"), INJECT, preset="inject"))
+    run.pull()
+    assert run.monitor.injected == {"c1": 1} and run.monitor.logged == {"c1": 1}
+
+
 def test_R20_1c_a_dropped_closed_window_inject_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Planted: an inject with the window closed is accepted and never appended (the D4 bug
     at any position). No output is missing that the output ledger knew to expect."""
@@ -104,6 +112,18 @@ def test_R20_1c_a_dropped_closed_window_inject_is_caught(monkeypatch: pytest.Mon
                        r"time\(s\), but appended 0, still staged 0, reported discarded 0"):
         _inject_at_idle(run)
     assert run.outputs == []                  # nothing at all came out of the drop
+
+
+def test_R20_1c_an_inject_accepted_more_often_than_it_has_fates_is_named_with_each_count() -> None:
+    boxes = _Boxes()
+    monitor = InvariantMonitor(_Agent("idle"), boxes, sees_inputs=True)
+    for _ in range(2):
+        monitor.input(Send(msg("c1"), INJECT, preset="inject"))
+    boxes.staged_items = (("c1", False),)         # one of the two is staged, the other lost
+    error = _monitor_error(lambda: monitor.poll(quiet=True))
+    assert error.rule == "R20.1c"
+    assert str(error) == ("[R20.1c] inject 'c1': accepted 2 time(s), but appended 0, "
+                          "still staged 1, reported discarded 0")
 
 
 def test_R20_1b_a_send_that_is_never_announced_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -401,6 +401,33 @@ def test_L3_data_must_be_a_mapping() -> None:
     rejected(log, "L3", "mapping", lambda: log.append("plugin/marker", [1, 2]))  # type: ignore[arg-type]
 
 
+def test_L3_an_event_that_cannot_be_encoded_is_refused_and_nothing_is_appended(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    log = new_log()
+
+    def exhausted(_event: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr("machine.log.event_record", exhausted)
+    rejected(log, "L3", "plugin/marker: the event could not be encoded (MemoryError); nothing "
+             "was appended", lambda: log.append("plugin/marker", {"value": 1}))
+
+
+class _LyingSeqs(list):  # type: ignore[type-arg]
+    """A list whose own iteration says something else than its items."""
+
+    def __iter__(self) -> Any:
+        raise RuntimeError("the caller's code ran")
+
+
+def test_L3_V6_source_event_seqs_of_a_list_subclass_are_read_without_running_its_code() -> None:
+    log = new_log()
+    log.commit("user/message", user_data("first"), surface_op="append")
+    event = log.commit("user/message", user_data("second"), surface_op="append",
+                       source_event_seqs=_LyingSeqs([0]))
+    assert event.source_event_seqs == [0] and type(event.source_event_seqs) is FrozenList
+
+
 def test_L3_data_is_snapshotted_at_commit() -> None:
     log = new_log()
     data: dict[str, Any] = {"items": [1, 2]}

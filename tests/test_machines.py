@@ -535,3 +535,14 @@ def test_diagrams_without_options_prints_every_dot_source(capsys: pytest.Capture
     status, out, _ = diagrams_cli(capsys)
     assert status == 0
     assert out == "".join(diagrams.dot_sources().values())
+
+
+@pytest.mark.parametrize(("machine", "trigger", "message"), [
+    (Window, "end_run", "window: trigger 'end_run' is not allowed in state 'closed'"),
+    (Lifecycle, "close", "lifecycle: trigger 'close' is not allowed in state 'idle'"),
+])
+def test_R4_a_machine_that_refuses_a_trigger_names_itself_the_trigger_and_its_state(
+        machine: Any, trigger: str, message: str) -> None:
+    with pytest.raises(TransitionError) as info:
+        machine().fire(trigger)
+    assert str(info.value) == message

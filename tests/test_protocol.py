@@ -20,7 +20,7 @@ from machine.errors import ProtocolError, ValidationError
 from machine.io import Append, Control, Durable, Effect, Live, Observer, Output, input_from_json
 from machine.jsonvalue import FrozenDict, JsonLike, thaw
 from machine.scripted import Driver, ScriptedEnvironment, calls_reply, model_failure, ok_result
-from machine.vocabulary import ErrorInfo
+from machine.vocabulary import ErrorInfo, minted_id
 
 CONFIG = {"provider": "p", "model": "m"}
 
@@ -163,6 +163,18 @@ def test_P12_an_embedder_supplied_mint_id_names_the_minted_messages() -> None:
         f"mine-assistant-{e.seq}" for e in assistant]
     assert at(result.data, "message", "id") == f"mine-tool-result-{result.seq}"
     assert minted == sorted(minted, key=lambda pair: pair[1]) and len(minted) == 3
+
+
+class _Minted(str):
+    """A str subclass a mint may return."""
+
+
+def test_P12_V23_a_minted_id_is_a_plain_non_empty_string() -> None:
+    minted = minted_id(lambda kind, seq: _Minted(f"{kind}-{seq}"), "assistant", 3)
+    assert minted == "assistant-3" and type(minted) is str
+    with pytest.raises(ValidationError) as refused:
+        minted_id(lambda kind, seq: "", "assistant", 3)
+    assert str(refused.value) == "mint_id: returned an empty string"
 
 
 # --------------------------------------------------------------------------

@@ -152,3 +152,15 @@ def test_R4_11_the_owner_coupling_says_whether_the_owner_is_missing_or_extra() -
     idle._owner = idle._ctrl = _Controller(1, "run")
     assert [p for p in idle.coupling_problems() if p.startswith("(2)")] == [
         "(2) an abort owner exists while the lifecycle is 'idle'"]
+
+
+def test_R4_11_a_torn_down_core_and_a_stopped_core_name_their_broken_coupling() -> None:
+    """R4.11 (6) and (7), each broken on its own in an idle core, named in full."""
+    torn = AgentCore()
+    torn._disposed = True                       # torn down without disposing
+    assert torn.coupling_problems() == [
+        "(6) torn down, but not disposing, not idle, or holding input"]
+    stopped = AgentCore()
+    stopped._failure = object()                 # type: ignore[assignment]  # stopped (P16)
+    stopped._frames.append(object())            # type: ignore[arg-type]  # ... with a loop
+    assert stopped.coupling_problems() == ["(7) the core stopped but still waits for something"]

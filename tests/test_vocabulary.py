@@ -28,7 +28,16 @@ from machine.errors import (
     ValidationError,
 )
 from machine.events import Event
-from machine.jsonvalue import FrozenDict, FrozenList, canonical_json, freeze, thaw
+from machine.jsonvalue import (
+    Foreign,
+    FrozenDict,
+    FrozenList,
+    Unreadable,
+    canonical_json,
+    freeze,
+    thaw,
+)
+from machine.jsonvalue import snapshot as take_snapshot
 from machine.log import derive_history
 from machine.strategies import invalid_user_messages, user_messages
 from machine.vocabulary import (
@@ -638,6 +647,47 @@ def test_V6_tool_result_error_is_a_frozen_snapshot() -> None:
     assert isinstance(result.error, FrozenDict)
 
 
+class _Name(str):
+    """A str subclass: a snapshot keeps it as a plain str."""
+
+
+class _Count(int):
+    """An int subclass: not a JSON number (V1), so a snapshot keeps only its name and repr."""
+
+
+def test_V6_the_snapshot_of_a_value_that_is_not_json_copies_its_structure_and_stands_in_the_rest(
+        ) -> None:
+    value: dict[Any, Any] = {"name": _Name("x"), _Name("key"): 1, (1, 2): "tuple key",
+                             "things": [{3}, _Count(4)]}
+    taken = take_snapshot(value)
+    assert type(taken) is dict and taken is not value
+    assert taken["name"] == "x" and type(taken["name"]) is str
+    assert [(k, type(k)) for k in taken] == [("name", str), ("key", str), ((1, 2), tuple),
+                                             ("things", str)]
+    assert taken[(1, 2)] == "tuple key"
+    a_set, a_count = taken["things"]
+    assert isinstance(a_set, Foreign) and isinstance(a_count, Foreign)
+    assert (repr(a_set), a_set.problem()) == ("{3}", "a set is not JSON-compatible")
+    assert (repr(a_count), a_count.problem()) == ("4", "_Count is not a JSON number")
+
+
+class _Unreadable(type):
+    """A metaclass whose instances raise when their class is asked for an attribute."""
+
+    def __getattr__(cls, name: str) -> Any:
+        raise RuntimeError("unreadable")
+
+
+class _Hostile(metaclass=_Unreadable):
+    pass
+
+
+def test_V6_a_value_that_raises_while_its_snapshot_copies_it_stands_as_unreadable_naming_why(
+        ) -> None:
+    taken = take_snapshot([{1}, _Hostile()])     # not JSON ({1}), then copying it raises
+    assert isinstance(taken, Unreadable) and taken.problem == "RuntimeError: unreadable"
+
+
 # --------------------------------------------------------------------------------------------
 # V7 well-formed user message (D5)
 # --------------------------------------------------------------------------------------------
@@ -716,6 +766,19 @@ def test_V8_paths_are_rebased_onto_the_callers_path() -> None:
     with pytest.raises(ValidationError) as info:
         ToolResult.from_json({"content": [], "additionalContexts": [_msg(id="")]}, "r")
     assert info.value.path == "r.additionalContexts[0].id"
+
+
+def test_V7_V8_a_message_that_is_not_a_mapping_is_refused_stating_the_expected_shape() -> None:
+    with pytest.raises(ValidationError) as info:
+        Message.from_json(5, "data.message")
+    assert str(info.value) == "data.message: must be a mapping {id, role, content, source}"
+
+
+def test_V23_V8_a_string_with_a_lone_surrogate_is_refused_naming_its_path() -> None:
+    with pytest.raises(NotJsonCompatibleError) as info:
+        freeze("a\ud800", "name")
+    assert str(info.value) == ("name: the string holds a lone surrogate (U+D800 at index 1), "
+                               "which UTF-8 JSON cannot represent")
 
 
 def test_V8_unexpected_fields_are_named_even_with_odd_keys() -> None:
@@ -986,6 +1049,25 @@ class _ModelFailure(Exception):
         self.failure = failure
 
 
+def test_V15_V8_an_error_info_is_checked_where_it_is_built_and_again_where_it_is_decoded() -> None:
+    info = ErrorInfo("boom", "Oops", "E_X", ("a cause",))
+    assert ErrorInfo.from_json(info) == info
+    listed = ErrorInfo("boom", causes=["a cause"])  # type: ignore[arg-type]
+    assert listed.causes == ("a cause",) and ErrorInfo.from_json(listed) == listed
+    with pytest.raises(ValidationError) as refused:
+        ErrorInfo("boom", causes=("a cause", 2))  # type: ignore[arg-type]
+    assert str(refused.value) == "error.causes: must be a list of strings"
+    broken = object.__new__(ErrorInfo)
+    with pytest.raises(ValidationError):
+        ErrorInfo.from_json(broken)
+    altered = ErrorInfo("boom")
+    object.__setattr__(altered, "message", 5)   # built, then changed behind its back
+    with pytest.raises(ValidationError) as refused:
+        ErrorInfo.from_json(altered, "result.error")
+    assert (refused.value.path, refused.value.problem) == ("result.error.message",
+                                                          "must be a string")
+
+
 def test_V15_rendered_text_is_message_or_class_name() -> None:
     assert ErrorInfo.from_exception(RuntimeError("boom")).rendered() == "boom"
     assert ErrorInfo.from_exception(RuntimeError()).rendered() == "RuntimeError"
@@ -1222,6 +1304,8 @@ def test_V17_V8_decision_errors_name_the_field_and_the_problem() -> None:
     error = _validation_error(lambda: decision_from_json("allow", "hook.decision"))
     assert (error.path, error.problem) == (
         "hook.decision", "must be {kind:'allow', ...} or {kind:'block', reason}")
+    error = _validation_error(lambda: decision_from_json({"kind": "maybe"}, "hook.decision"))
+    assert (error.path, error.problem) == ("hook.decision.kind", "'maybe' is not 'allow' or 'block'")
     error = _validation_error(lambda: Allow(additional_contexts="x"))  # type: ignore[arg-type]
     assert (error.path, error.problem) == ("decision.additionalContexts",
                                            "must be a list of user messages")
@@ -1281,6 +1365,7 @@ class _Text(str):
     {"type": "reasoning", "text": "hi"},
 ])
 def test_V18_text_chunks_are_frozen_copies_of_their_fields(chunk: dict[str, Any]) -> None:
+    chunk = dict(chunk)                                 # the parameter is shared by reruns
     frozen = validate_chunk(chunk)
     assert type(frozen) is FrozenDict and frozen == chunk and list(frozen) == list(chunk)
     assert all(type(value) is not _Text for value in frozen.values())
@@ -1420,6 +1505,16 @@ def test_V20_constructor_rejects_impossible_combinations() -> None:
         SettleReason("aborted", failure=LlmFailure("m", "C"))
     with pytest.raises(ValidationError):
         SettleReason("error", {"message": "m"})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["completed", "aborted"])
+def test_V20_V8_an_error_on_a_reason_that_is_not_error_is_named(kind: Any) -> None:
+    with pytest.raises(ValidationError) as caught:
+        SettleReason(kind, ErrorInfo("m"))
+    assert str(caught.value) == f"reason.error: is not allowed on a {kind!r} reason"
+    with pytest.raises(ValidationError) as caught:
+        SettleReason(kind, failure=LlmFailure("m", "C"))
+    assert str(caught.value) == f"reason.failure: is not allowed on a {kind!r} reason"
 
 
 @pytest.mark.parametrize("bad", ["completed", None, 3, ["kind"]])
