@@ -782,9 +782,10 @@ def snapshot(value: JsonLike) -> JsonLike:
     kind = type(value)
     if value is None or kind is int or kind is bool:   # Why: the usual completion value
         return value
-    if kind is not dict and getattr(kind, IMMUTABLE_MARK, False):
-        return value
     try:
+        # Why inside: a class can raise when asked for an attribute (its metaclass's code).
+        if kind is not dict and getattr(kind, IMMUTABLE_MARK, False):
+            return value
         return freeze(value)
     except NotJsonCompatibleError:
         pass

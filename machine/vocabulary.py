@@ -71,6 +71,12 @@ def _fields(value: JsonLike, path: str, shape: str, required: Sequence[str],
     """A plain dict of a decoded mapping, after checking its key set."""
     if not isinstance(value, (dict, FrozenDict)):
         raise ValidationError(path, f"must be a mapping {shape}")
+    return _mapping_fields(value, path, required, optional)
+
+
+def _mapping_fields(value: dict[str, Any] | FrozenDict, path: str, required: Sequence[str],
+                    optional: Sequence[str] = ()) -> dict[str, Any]:
+    """`_fields` of a value known to be a mapping."""
     # Why: one pass over the (few) keys with tuple membership tests instead of building
     # three sets; the set difference is computed only to word the error, as before.
     for key in value:
@@ -651,7 +657,6 @@ class ErrorInfo:
         causes = self.causes
         if isinstance(causes, list):
             causes = tuple(causes)
-            object.__setattr__(self, "causes", causes)
         if not isinstance(causes, tuple) or not all(isinstance(c, str) for c in causes):
             raise ValidationError("error.causes", "must be a list of strings")
         if self.failure is not None and not isinstance(self.failure, LlmFailure):
@@ -896,12 +901,12 @@ def decision_from_json(value: JsonLike, path: str = "decision") -> PromptDecisio
     kind = value.get("kind")
     try:
         if kind == "allow":
-            fields = _fields(value, "decision", "{kind:'allow', content?, additionalContexts?}",
-                             ("kind",), ("content", "additionalContexts"))
+            fields = _mapping_fields(value, "decision", ("kind",),
+                                     ("content", "additionalContexts"))
             return Allow(content=_opt(fields, "content"),
                          additional_contexts=_opt(fields, "additionalContexts", ()))
         if kind == "block":
-            fields = _fields(value, "decision", "{kind:'block', reason}", ("kind", "reason"))
+            fields = _mapping_fields(value, "decision", ("kind", "reason"))
             return Block(fields["reason"])
     except ValidationError as exc:
         raise _rebase(exc, "decision", path) from None

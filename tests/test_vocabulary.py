@@ -688,6 +688,14 @@ def test_V6_a_value_that_raises_while_its_snapshot_copies_it_stands_as_unreadabl
     assert isinstance(taken, Unreadable) and taken.problem == "RuntimeError: unreadable"
 
 
+def test_V6_a_value_whose_class_raises_when_read_stands_as_unreadable_at_the_top_too() -> None:
+    """Not only inside a container: a value whose class raises when asked for an attribute
+    (the snapshot asks whether it is an immutable library value) is `Unreadable`, instead of
+    the error escaping the call (a regression found by the mutation review, 2026-12-02)."""
+    taken = take_snapshot(_Hostile())
+    assert isinstance(taken, Unreadable) and taken.problem == "RuntimeError: unreadable"
+
+
 # --------------------------------------------------------------------------------------------
 # V7 well-formed user message (D5)
 # --------------------------------------------------------------------------------------------
