@@ -54,6 +54,7 @@ and which R19 rows × commands the explored paths exercised.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
 import importlib
 import json
@@ -625,6 +626,20 @@ class Explorer:
         violation found first has a shortest sequence). Each state is made by copying its
         parent's and applying one decision (R4.12); with an other implementation that cannot
         be copied, by replaying its decisions from the root."""
+        # Why pause the cyclic collector: the search keeps a large, growing heap (the
+        # frontier's states, the texts of every value met) and makes almost no cyclic garbage
+        # (4,068 objects in 89,216 states of the classic search at depth 7), so the full
+        # collections that the heap's growth triggers only re-walk it: 15 % of a depth-7 run.
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            return self._search(depth, progress, budget_seconds)
+        finally:
+            if paused:
+                gc.enable()
+
+    def _search(self, depth: int, progress: Callable[[int, int, float], None] | None,
+                budget_seconds: float | None) -> ExploreResult:
         start = time.perf_counter()
         visited: set[bytes] = set()
         copies = self.copies

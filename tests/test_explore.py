@@ -10,6 +10,7 @@ deeper.
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 from typing import Any
@@ -367,3 +368,29 @@ def test_the_key_tells_apart_json_values_that_compare_equal_in_python() -> None:
     texts = {_exact(Live(LiveEvent("agent/inbox/enqueue", payload)))  # type: ignore[arg-type]
              for payload in payloads}
     assert len(texts) == 2
+
+
+def test_a_run_pauses_the_cyclic_collector_and_leaves_it_as_it_found_it() -> None:
+    """The search pauses the cyclic collector while it runs (its heap only grows) and
+    restores it: enabled stays enabled, disabled stays disabled."""
+    seen: list[bool] = []
+
+    def progress(states: int, frontier: int, seconds: float) -> None:
+        seen.append(gc.isenabled())
+
+    assert gc.isenabled()
+    explorer = classic_explorer()
+    original = explorer.key
+
+    def key(node: Node) -> bytes:
+        seen.append(gc.isenabled())
+        return original(node)
+    explorer.key = key  # type: ignore[method-assign]
+    assert explorer.run(2, progress=progress).failure is None
+    assert seen and not any(seen) and gc.isenabled()
+    gc.disable()
+    try:
+        classic_explorer().run(2)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
