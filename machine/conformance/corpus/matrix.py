@@ -641,15 +641,20 @@ def late_model_failure(command: str) -> Session:
     return s
 
 
+def inside_step(row: int, steer_at: tuple[str, Predicate], staged_at: tuple[str, Predicate],
+                staged_rule: str) -> tuple[Cell, Cell, Cell]:
+    """A row inside the step: a steer is drained at the step's end and causes another step;
+    an inject is drained there with no extra step; a followup is queued for the next turn."""
+    (steer_where, steer_point), (where, point) = steer_at, staged_at
+    return (Cell(row, "steer", f"({steer_where}) end-of-step drain; causes another step",
+                 ["R9.10", "R11.2", "R8.4"], basic(steer_point), TWO_STEPS),
+            Cell(row, "inject", f"({where}) end-of-step drain; no extra step",
+                 ["R9.10", "R11.2", staged_rule], basic(point), CONTEXT_AT_END),
+            Cell(row, "followup", f"({where}) queued", ["R5.3"], basic(point), TWO_TURNS))
+
+
 cells(
-    Cell(11, "steer", "(at step/start) end-of-step drain; causes another step",
-         ["R9.10", "R11.2", "R8.4"],
-         basic(STEP_START), TWO_STEPS),
-    Cell(11, "inject", "(during the request hook) end-of-step drain; no extra step",
-         ["R9.10", "R11.2", "R9.6"],
-         basic(REQUEST), CONTEXT_AT_END),
-    Cell(11, "followup", "(during the request hook) queued", ["R5.3"],
-         basic(REQUEST), TWO_TURNS),
+    *inside_step(11, ("at step/start", STEP_START), ("during the request hook", REQUEST), "R9.6"),
     Cell(11, "cancel", "(during the request hook) step/end, turn/end aborted; no request/header",
          ["R9.6", "R8.6", "R15.1"],
          basic(REQUEST), "TS(1,msg:user) UM('go') SS(1.1) SE(1.1) TE(1,aborted)",
@@ -657,14 +662,8 @@ cells(
     Cell(11, "cancel-at-step-start", "step/end, turn/end aborted; no request", ["R9.5", "R15.1"],
          basic(STEP_START), "TS(1,msg:user) UM('go') SS(1.1) SE(1.1) TE(1,aborted)",
          [effects("request", 0)], ["cancel"]),
-    Cell(12, "steer", "(at request/header) end-of-step drain; causes another step",
-         ["R9.10", "R11.2", "R8.4"],
-         basic(HEADER), TWO_STEPS),
-    Cell(12, "inject", "(at the first assistant/chunk) end-of-step drain; no extra step",
-         ["R9.10", "R11.2", "R9.7"],
-         basic(CHUNK), CONTEXT_AT_END),
-    Cell(12, "followup", "(at the first assistant/chunk) queued", ["R5.3"],
-         basic(CHUNK), TWO_TURNS),
+    *inside_step(12, ("at request/header", HEADER), ("at the first assistant/chunk", CHUNK),
+                 "R9.7"),
     Cell(12, "cancel", "(during the model call) the next chunk's check releases the stream; no "
          "assistant/message; step/end, turn/end aborted", ["R9.7", "R8.6", "R15.1", "P5"],
          late_chunk, NO_REPLY_ABORTED, tags=["cancel"]),

@@ -4,6 +4,7 @@ flush barrier) of scenarios.md."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from machine.conformance.authoring import Session, calls, durable, error, live, notation, result, scenario
@@ -294,28 +295,23 @@ def _e16(seam: str, dispose: bool) -> Session:
     return s
 
 
-variants(
-    Variant("E16a-cancel-during-system-prompt",
-            "E16a. A cancel while system-prompt assembly is pending: the check after assembly "
-            "ends the turn aborted before step/start",
-            ["R9.3", "R8.6", "R15.1"], ["scenario", "scenario:E16", "cancel"],
-            lambda: _e16("system-prompt", False)),
-    Variant("E16b-cancel-during-step-hook",
-            "E16b. A cancel while the step extension point is pending: the check after it ends "
-            "the turn aborted before step/start",
-            ["R9.1", "R8.6", "R15.1"], ["scenario", "scenario:E16", "cancel"],
-            lambda: _e16("step", False)),
-    Variant("E16c-dispose-during-system-prompt",
-            "E16a (disposal). dispose() while system-prompt assembly is pending: the turn ends "
-            "disposed",
-            ["R9.3", "R17.1", "R15.1"], ["scenario", "scenario:E16", "dispose"],
-            lambda: _e16("system-prompt", True)),
-    Variant("E16d-dispose-during-step-hook",
-            "E16b (disposal). dispose() while the step extension point is pending: the turn ends "
-            "disposed",
-            ["R9.1", "R17.1", "R15.1"], ["scenario", "scenario:E16", "dispose"],
-            lambda: _e16("step", True)),
+#: E16's four variants: (id, title, the pending seam's rule, the seam, by disposal).
+_E16 = (
+    ("E16a-cancel-during-system-prompt", "E16a. A cancel while system-prompt assembly is "
+     "pending: the check after assembly ends the turn aborted before step/start", "R9.3",
+     "system-prompt", False),
+    ("E16b-cancel-during-step-hook", "E16b. A cancel while the step extension point is "
+     "pending: the check after it ends the turn aborted before step/start", "R9.1", "step",
+     False),
+    ("E16c-dispose-during-system-prompt", "E16a (disposal). dispose() while system-prompt "
+     "assembly is pending: the turn ends disposed", "R9.3", "system-prompt", True),
+    ("E16d-dispose-during-step-hook", "E16b (disposal). dispose() while the step extension "
+     "point is pending: the turn ends disposed", "R9.1", "step", True),
 )
+variants(*(Variant(name, title, [rule, "R17.1" if dispose else "R8.6", "R15.1"],
+                   ["scenario", "scenario:E16", "dispose" if dispose else "cancel"],
+                   partial(_e16, seam, dispose))
+           for name, title, rule, seam, dispose in _E16))
 
 
 @scenario("E18a-first-cause-wins",
