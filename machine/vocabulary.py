@@ -257,15 +257,58 @@ def freeze_content(value: JsonLike, path: str) -> FrozenList:
 
 
 def freeze_source(value: JsonLike, path: str) -> FrozenDict:
-    """Validate and freeze a message source (rule V4)."""
+    """Validate and freeze a message source (rule V4). A source of a core kind whose fields
+    are all strings is shared with the equal sources frozen before (`_shared_source_key`)."""
+    if type(value) is FrozenDict and id(value) in _SHARED_IDS:   # shared: checked before
+        return value
     if not isinstance(value, (dict, FrozenDict)):
         raise ValidationError(path, "must be a mapping with a non-empty string 'kind'")
+    shared_key = _shared_source_key(value)
+    if shared_key is not None:
+        shared = _SHARED_SOURCES.get(shared_key)
+        if shared is not None:
+            return shared
     frozen = freeze(value, path)
     assert isinstance(frozen, FrozenDict)
     problem = source_problem(frozen)
     if problem:
         raise ValidationError(path, problem)
+    if shared_key is not None:
+        if len(_SHARED_SOURCES) >= _SHARED_SOURCES_LIMIT:
+            _SHARED_SOURCES.clear()   # Why: unique sources (a tool call's) must not pin memory
+            _SHARED_IDS.clear()
+        _SHARED_SOURCES[shared_key] = frozen
+        _SHARED_IDS.add(id(frozen))   # unique while the table holds the value
     return frozen
+
+
+#: Sources frozen before, by their fields in order: a session's messages share a handful of
+#: sources (the user's, the model's, a plugin's), and one shared frozen value instead of one
+#: per message saves memory and the objects the cyclic collector walks over a long history.
+_SHARED_SOURCES: dict[tuple[tuple[str, str], ...], FrozenDict] = {}
+#: The identities of the values `_SHARED_SOURCES` holds.
+_SHARED_IDS: set[int] = set()
+_SHARED_SOURCES_LIMIT: Final = 1024
+
+
+def _shared_source_key(value: Mapping[str, Any]) -> tuple[tuple[str, str], ...] | None:
+    """The fields of *value* in order when a frozen source equal to it may be shared: a plain
+    dict or a FrozenDict of at most four fields, every key and value an exact str (so
+    comparing and hashing run no caller code, and equal keys mean equal JSON, order
+    included), of a core kind (whose check never changes; an extension kind's check may be
+    registered later)."""
+    kind = type(value)
+    data = value._data if kind is FrozenDict else value if kind is dict else None  # type: ignore[attr-defined]
+    if data is None or len(data) > 4:
+        return None
+    source_kind = data.get("kind")
+    if type(source_kind) is not str or source_kind not in _CORE_SOURCES:
+        return None
+    items = tuple(data.items())
+    for key, item in items:
+        if type(key) is not str or type(item) is not str:
+            return None
+    return items
 
 
 # --------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from machine.jsonvalue import (
     FrozenList,
     Unreadable,
     canonical_json,
+    compact_json,
     freeze,
     thaw,
 )
@@ -457,6 +458,8 @@ def test_V4_core_sources() -> None:
     ({}, "'kind'"),
     ({"kind": ""}, "'kind'"),
     ({"kind": None}, "'kind'"),
+    ({"kind": ["user"]}, "'kind'"),
+    ({"kind": {"user": 1}}, "'kind'"),
     ({"kind": "plugin"}, "'plugin' must be a string"),
     ({"kind": "plugin", "plugin": 1}, "'plugin' must be a string"),
     ({"kind": "model", "model": "m"}, "'provider'"),
@@ -512,6 +515,54 @@ def test_V4_V8_source_constructors_name_the_offending_field(build: Any, path: st
 def test_V4_source_kind_declared_without_a_check_has_no_problem() -> None:
     register_source_kind("x-open-kind")
     assert source_problem(freeze({"kind": "x-open-kind", "any": {"a": 1}})) is None
+
+
+def test_V4_equal_core_sources_are_one_shared_frozen_value() -> None:
+    # Why it matters: a long session holds one source per message; equal sources shared
+    # keep one object (memory, and objects the cyclic collector walks).
+    first = freeze_source({"kind": "model", "provider": "p", "model": "m"}, "message.source")
+    again = freeze_source({"kind": "model", "provider": "p", "model": "m"}, "message.source")
+    assert again is first
+    assert freeze_source(first, "message.source") is first
+    assert user_message("a", "hi", {"kind": "user"}).source is (
+        user_message("b", "hi", {"kind": "user"}).source)
+    # Key order is part of the JSON, so differently ordered sources are not merged.
+    ordered = freeze_source({"kind": "plugin", "plugin": "x"}, "message.source")
+    reordered = freeze_source({"plugin": "x", "kind": "plugin"}, "message.source")
+    assert ordered is not reordered
+    assert compact_json(reordered) == '{"plugin":"x","kind":"plugin"}'
+    # A field that is not an exact str (a number, JSON, a str subclass) is frozen afresh.
+    assert freeze_source({"kind": "user", "n": 1}, "s") is not freeze_source(
+        {"kind": "user", "n": 1}, "s")
+    assert freeze_source({"kind": "user", "n": True}, "s") == {"kind": "user", "n": True}
+
+    class Loud(str):
+        def __hash__(self) -> int:
+            raise AssertionError("a caller's str subclass was hashed")
+    assert freeze_source({"kind": "user", "tag": Loud("t")}, "s") == {"kind": "user",
+                                                                        "tag": "t"}
+    # A mapping of the caller's own class is read by freezing it, as any value is.
+    class Loose(dict[str, Any]):
+        def get(self, *args: Any) -> Any:
+            raise AssertionError("a caller's mapping method was called")
+    assert freeze_source(Loose(kind="user"), "s") == {"kind": "user"}
+    # An invalid source is never shared, and stays invalid when asked again.
+    for _ in range(2):
+        with pytest.raises(ValidationError, match="'callId' must not be empty"):
+            freeze_source({"kind": "tool", "callId": ""}, "message.source")
+
+
+def test_V4_sharing_is_bounded_and_skips_extension_kinds(registries: None) -> None:
+    for index in range(vocabulary._SHARED_SOURCES_LIMIT + 5):
+        freeze_source({"kind": "tool", "callId": f"c{index}"}, "message.source")
+    assert 0 < len(vocabulary._SHARED_SOURCES) <= vocabulary._SHARED_SOURCES_LIMIT
+    # An extension kind's check may be registered after a source of it was frozen: such a
+    # source is checked each time, never taken from what was shared.
+    accepted = freeze_source({"kind": "x-later", "v": "1"}, "message.source")
+    assert accepted == {"kind": "x-later", "v": "1"}
+    register_source_kind("x-later", lambda s: "refused now")
+    with pytest.raises(ValidationError, match="refused now"):
+        freeze_source({"kind": "x-later", "v": "1"}, "message.source")
 
 
 # --------------------------------------------------------------------------------------------

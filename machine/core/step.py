@@ -51,6 +51,7 @@ from machine.vocabulary import (
     LlmFailure,
     Message,
     block_problem,
+    freeze_source,
     minted_id,
     validate_chunk,
 )
@@ -355,7 +356,7 @@ class Step(ToolBatch):
         if "replayState" in finish:                               # P12
             source["replayState"] = finish["replayState"]
         message = Message(id=minted_id(self._mint, "assistant", seq), role="assistant",
-                          content=FrozenList(blocks), source=FrozenDict(source))
+                          content=FrozenList(blocks), source=freeze_source(source, "message.source"))
         data: dict[str, Frozen] = {"turn": frame.turn, "step": frame.step,
                                    "message": frozen_message(message)}
         if frame.usage is not None:
