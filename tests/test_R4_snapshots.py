@@ -227,3 +227,53 @@ def test_R4_12_the_log_is_not_part_of_what_a_snapshot_copies() -> None:
     snapshot = core.snapshot()
     assert snapshot.log_length == len(core.log)
     assert snapshot._log is core.log                 # by reference, up to its length
+
+
+def _core_records() -> list[type]:
+    """Every dataclass the core's modules define that a copy does not share."""
+    import dataclasses
+    import importlib
+    import pkgutil
+
+    import machine.core
+    from machine.core.snapshot import _is_shared
+    found: list[type] = []
+    for module_info in pkgutil.iter_modules(machine.core.__path__):
+        module = importlib.import_module(f"machine.core.{module_info.name}")
+        for value in vars(module).values():
+            if (isinstance(value, type) and dataclasses.is_dataclass(value)
+                    and value.__module__ == module.__name__ and not _is_shared(value)):
+                found.append(value)
+    return found
+
+
+@pytest.mark.parametrize("kind", _core_records(), ids=lambda kind: kind.__qualname__)
+def test_R4_12_a_copied_record_copies_every_field(kind: type) -> None:
+    import dataclasses
+
+    from machine.core.snapshot import duplicate
+    original: Any = object.__new__(kind)
+    names = [field.name for field in dataclasses.fields(kind)]
+    shared = {"shared": 1}              # one mutable value in every field: copied once
+    for name in names:
+        object.__setattr__(original, name, [name, shared])
+    memo: dict[int, Any] = {}
+    copied = duplicate(original, memo)
+    assert type(copied) is kind and copied is not original
+    assert memo[id(original)] is copied
+    assert duplicate(original, memo) is copied
+    first = getattr(copied, names[0])[1]
+    for name in names:
+        value = getattr(copied, name)
+        assert value == [name, shared] and value is not getattr(original, name)
+        assert value[1] is first and first is not shared
+
+
+def test_R4_12_copying_a_value_the_core_never_holds_is_refused_each_time() -> None:
+    from machine.core.snapshot import duplicate
+
+    class Stranger:
+        pass
+    for _ in range(2):
+        with pytest.raises(TypeError, match=r"a core holds no .*Stranger: cannot copy it"):
+            duplicate([Stranger()], {})

@@ -11,9 +11,11 @@ position (`SessionLog.mark`, L15) and forked (`SessionLog.fork`) only when a cor
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import types
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from machine.log import LogMark, SessionLog
@@ -30,8 +32,6 @@ _SCALARS: Final = frozenset({type(None), bool, int, float, str, bytes, tuple, fr
                              types.FunctionType, types.BuiltinFunctionType})
 #: Classes whose instances are never changed once made (decided once per class).
 _shared_classes: dict[type, bool] = {}
-#: The field names of each mutable dataclass copied (decided once per class).
-_fields_of: dict[type, tuple[str, ...]] = {}
 
 
 def _is_shared(kind: type) -> bool:
@@ -49,36 +49,122 @@ def _is_shared(kind: type) -> bool:
     return shared
 
 
+#: Copier = a function (value, memo) -> its copy, registered in memo by the value's id.
+_Copier = Callable[[Any, dict[int, Any]], Any]
+#: How each class's instances are copied: None when they are shared (`_is_shared`), else
+#: its copier (`_copier_of`). Decided once per class.
+_COPIERS: dict[type, _Copier | None] = dict.fromkeys(_SCALARS)
+#: A class not decided yet (a `_COPIERS.get` default).
+_UNDECIDED: Final[Any] = object()
+
+
 def duplicate(value: Any, memo: dict[int, Any]) -> Any:
     """A copy of *value* that shares what is immutable and copies each mutable object once
     (*memo*, by identity). `TypeError` for a kind of object the core does not hold, so that
     a new kind of state cannot be shared by accident."""
-    kind = value.__class__
-    if kind in _SCALARS or _is_shared(kind):
+    copier = _COPIERS.get(value.__class__, _UNDECIDED)
+    if copier is _UNDECIDED:
+        copier = _copier_of(value.__class__)
+    if copier is None:
         return value
     found = memo.get(id(value))
     if found is not None:
         return found
-    copied: Any
-    if kind is list:
-        copied = memo[id(value)] = [duplicate(item, memo) for item in value]
+    return copier(value, memo)
+
+
+def _copier_of(kind: type) -> _Copier | None:
+    copier: _Copier | None
+    if _is_shared(kind):
+        copier = None
+    elif kind is list:
+        copier = _copy_list
     elif kind is dict:
-        copied = memo[id(value)] = {key: duplicate(item, memo) for key, item in value.items()}
+        copier = _copy_dict
     elif kind is deque:
-        copied = memo[id(value)] = deque(duplicate(item, memo) for item in value)
+        copier = _copy_deque
     elif kind is set:
-        copied = memo[id(value)] = set(value)    # sets hold ids and names only
+        copier = _copy_set
     elif kind in (Inbox, Outbox, Window, Lifecycle):
-        copied = memo[id(value)] = value.copy()
-    elif dataclasses.is_dataclass(value):
-        names = _fields_of.get(kind)
-        if names is None:
-            names = _fields_of[kind] = tuple(f.name for f in dataclasses.fields(kind))
-        copied = memo[id(value)] = object.__new__(kind)
-        for name in names:
-            object.__setattr__(copied, name, duplicate(getattr(value, name), memo))
+        copier = _copy_machine
+    elif dataclasses.is_dataclass(kind):
+        copier = _record_copier(kind)
     else:
-        raise TypeError(f"a core holds no {kind.__qualname__}: cannot copy it")
+        copier = _refuse
+    _COPIERS[kind] = copier
+    return copier
+
+
+def _copy_list(value: list[Any], memo: dict[int, Any]) -> list[Any]:
+    copiers, undecided = _COPIERS, _UNDECIDED
+    copied: list[Any] = []
+    memo[id(value)] = copied
+    copied.extend([item if copiers.get(item.__class__, undecided) is None
+                   else duplicate(item, memo) for item in value])
+    return copied
+
+
+def _copy_dict(value: dict[Any, Any], memo: dict[int, Any]) -> dict[Any, Any]:
+    copiers, undecided = _COPIERS, _UNDECIDED
+    copied: dict[Any, Any] = {}
+    memo[id(value)] = copied
+    copied.update({key: item if copiers.get(item.__class__, undecided) is None
+                   else duplicate(item, memo) for key, item in value.items()})
+    return copied
+
+
+def _copy_deque(value: deque[Any], memo: dict[int, Any]) -> deque[Any]:
+    copiers, undecided = _COPIERS, _UNDECIDED
+    copied: deque[Any] = deque()
+    memo[id(value)] = copied
+    copied.extend([item if copiers.get(item.__class__, undecided) is None
+                   else duplicate(item, memo) for item in value])
+    return copied
+
+
+def _copy_set(value: set[Any], memo: dict[int, Any]) -> set[Any]:
+    copied = memo[id(value)] = set(value)       # sets hold ids and names only
+    return copied
+
+
+def _copy_machine(value: Inbox | Outbox | Window | Lifecycle, memo: dict[int, Any]) -> Any:
+    copied = memo[id(value)] = value.copy()
+    return copied
+
+
+def _refuse(value: Any, memo: dict[int, Any]) -> Any:
+    raise TypeError(f"a core holds no {type(value).__qualname__}: cannot copy it")
+
+
+def _record_copier(kind: type) -> _Copier:
+    """The copier of a mutable record (a dataclass): a new instance whose fields are the
+    fields' copies. Why generated code, as `dataclasses` makes its methods: copying is most
+    of what a state costs the explorer, and a field read and stored by name costs a fraction
+    of a loop over `getattr` and `object.__setattr__`."""
+    names = tuple(f.name for f in dataclasses.fields(kind))
+    if not all(name.isidentifier() for name in names):   # cannot be spelt: the plain loop
+        return functools.partial(_copy_record, names=names)
+    lines = ["def copy(value, memo):", "    copied = new(kind)", "    memo[id(value)] = copied"]
+    frozen = kind.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    for name in names:
+        copied_item = "item if copiers.get(item.__class__, undecided) is None " \
+                      "else duplicate(item, memo)"
+        lines.append(f"    item = value.{name}")
+        lines.append(f"    store(copied, {name!r}, {copied_item})" if frozen
+                     else f"    copied.{name} = {copied_item}")
+    lines.append("    return copied")
+    namespace: dict[str, Any] = {"new": object.__new__, "kind": kind, "store": object.__setattr__,
+                                 "copiers": _COPIERS, "undecided": _UNDECIDED,
+                                 "duplicate": duplicate}
+    exec("\n".join(lines), namespace)   # the field names of the core's own records
+    copier: _Copier = namespace["copy"]
+    return copier
+
+
+def _copy_record(value: Any, memo: dict[int, Any], *, names: tuple[str, ...]) -> Any:
+    copied = memo[id(value)] = object.__new__(type(value))
+    for name in names:
+        object.__setattr__(copied, name, duplicate(getattr(value, name), memo))
     return copied
 
 
