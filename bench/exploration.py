@@ -15,6 +15,7 @@ the previous depths) — an estimate, marked as such.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -91,6 +92,19 @@ def run(quick: bool = False, budget: float | None = None,
     else:
         notes.append(f"The comparison with {BASE} was not run: {against['why']}.")
     figures["against_base"] = against["figures"]
+    floor = _implementation_floor(quick)
+    section.tables.append((
+        "What the implementations' own work costs per state: the CPU time spent inside the "
+        "machine's and the model's `feed` and `next_output` (running them) and `copy` (the "
+        "copy each state is made from) during a search, the work an explorer that copies "
+        "states must do for the states and transitions it explores, however it keys and "
+        "checks them; against the whole search. The ceiling is the states/s of an explorer "
+        "whose keys, checks and bookkeeping cost nothing; the issue's target, 20 × "
+        f"{ISSUE_BASELINE:,} states/s, needs {1e6 / (20 * ISSUE_BASELINE):.0f} µs per state:",
+        ["search", "depth", "states", "transitions", "search µs/state", "running µs/state",
+         "copying µs/state", "their share", "ceiling states/s",
+         f"ceiling ÷ {ISSUE_BASELINE:,}"], floor["rows"]))
+    figures["implementation_floor"] = floor["figures"]
     section.figures = figures
     section.notes.append(
         "`classic_explorer().run(depth)`: the first explorer's alphabet, kept so that the "
@@ -137,6 +151,93 @@ def _copies_against_replay(quick: bool) -> dict[str, Any]:
 
 #: The commit before the explorer copied states (issue 17): the "before" of the comparison.
 BASE = "9cf93fe"
+#: The states/s of the classic search at depth 8 when issue 17 was filed (replaying states).
+ISSUE_BASELINE = 1415
+
+
+def _implementation_floor(quick: bool) -> dict[str, Any]:
+    """The classic search (machine only) and the idle configuration with the model, run once
+    with the implementations' `feed` and `next_output` (running them) and `copy` (the copy
+    each state is made from, R4.12) timed, outermost calls only. The timer's whole cost per
+    call is taken off, part of which falls outside what it times, so the implementations'
+    time errs low and the ceiling errs high."""
+    from machine.core import AgentCore
+    model_class = importlib.import_module("machine._model").ModelAgent
+    spent = {"run": [0, 0], "copy": [0, 0]}     # nanoseconds inside, timed calls
+    inside = [False]
+
+    def timed(method: Callable[..., Any], account: list[int]) -> Callable[..., Any]:
+        def wrapper(self: object, *args: Any) -> Any:
+            if inside[0]:
+                return method(self, *args)
+            inside[0] = True
+            start = time.perf_counter_ns()
+            try:
+                return method(self, *args)
+            finally:
+                account[0] += time.perf_counter_ns() - start
+                account[1] += 1
+                inside[0] = False
+        return wrapper
+
+    overhead = _timer_cost(timed)
+    # (class, method name, account, the method, whether the class defines it itself)
+    patched = [(owner, name, spent["copy" if name == "copy" else "run"], getattr(owner, name),
+                name in owner.__dict__)
+               for owner in (AgentCore, model_class) for name in ("feed", "next_output", "copy")]
+    cases: tuple[tuple[str, int, Callable[[], Explorer]], ...] = (
+        ("classic, machine only", 4 if quick else 6, classic_explorer),
+        ("idle, with the model", 2 if quick else 4, CONFIGURATIONS["idle"].explorer))
+    rows: list[list[str]] = []
+    figures: dict[str, dict[str, float]] = {}
+    for name, depth, make in cases:
+        explorer = make()
+        for account in spent.values():
+            account[0] = account[1] = 0
+        for owner, method_name, account, method, _own in patched:
+            setattr(owner, method_name, timed(method, account))
+        try:
+            started = time.process_time()
+            result = explorer.run(depth)
+            total = time.process_time() - started
+        finally:
+            for owner, method_name, _account, method, own in patched:
+                if own:
+                    setattr(owner, method_name, method)
+                else:
+                    delattr(owner, method_name)
+        if result.failure is not None:
+            raise AssertionError(f"exploration found a violation: {result.failure}")
+        seconds = {kind: max(ns / 1e9 - calls * overhead, 0.0)
+                   for kind, (ns, calls) in spent.items()}
+        run_us, copy_us = (seconds[kind] / result.states * 1e6 for kind in ("run", "copy"))
+        floor_us = run_us + copy_us
+        rows.append([name, str(depth), f"{result.states:,}", f"{result.transitions:,}",
+                     f"{total / result.states * 1e6:.0f}", f"{run_us:.0f}", f"{copy_us:.0f}",
+                     f"{floor_us * result.states / 1e6 / total:.0%}", f"{1e6 / floor_us:,.0f}",
+                     f"× {1e6 / floor_us / ISSUE_BASELINE:.1f}"])
+        figures[name] = {"depth": depth, "states": result.states, "cpu_s": total,
+                         "run_s": seconds["run"], "copy_s": seconds["copy"],
+                         "timed_calls": spent["run"][1] + spent["copy"][1]}
+    return {"rows": rows, "figures": figures}
+
+
+def _timer_cost(timed: Callable[[Callable[..., Any], list[int]], Callable[..., Any]]) -> float:
+    """Seconds a timed call adds to what it times (the median of five measures)."""
+    class Probe:
+        def call(self) -> None:
+            return None
+    plain, wrapped = Probe.call, timed(Probe.call, [0, 0])
+    probe, count, samples = Probe(), 20_000, []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(count):
+            wrapped(probe)
+        middle = time.perf_counter()
+        for _ in range(count):
+            plain(probe)
+        samples.append(((middle - start) - (time.perf_counter() - middle)) / count)
+    return sorted(samples)[2]
 
 _MEASURE = """
 import json, logging, sys, time

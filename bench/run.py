@@ -145,6 +145,14 @@ def summary(sections: dict[str, Section]) -> list[str]:
                 f"{name} depth {int(f['depth'])} × "
                 f"{(f['states_now'] / f['cpu_now']) / (f['states_before'] / f['cpu_before']):.2f}"
                 for name, f in base.items()))
+        floor = figures.get("implementation_floor", {})
+        if floor:
+            from bench.exploration import ISSUE_BASELINE
+            add("exploration, ceiling if keys and checks cost nothing (running and copying "
+                f"the implementations only) ÷ {ISSUE_BASELINE:,} states/s", ", ".join(
+                    f"{name} depth {int(f['depth'])} × "
+                    f"{f['states'] / (f['run_s'] + f['copy_s']) / ISSUE_BASELINE:.1f}"
+                    for name, f in floor.items()))
     if "snapshot" in sections:
         figures = sections["snapshot"].figures
         size = max(figures, key=int)

@@ -20,8 +20,15 @@ SECTIONS = ("## Machine", "## Summary", "## 1. Core throughput", "## 2. The same
 
 
 def test_a_quick_run_writes_every_section(tmp_path: Path) -> None:
+    from machine.core import AgentCore
+    timed = ("feed", "next_output", "copy")
+    methods = {name: getattr(AgentCore, name) for name in timed}
+    own = set(vars(AgentCore))
     out = tmp_path / "BENCHMARKS.md"
     assert bench_run.main(["--quick", "--in-process", "--out", str(out)]) == 0
+    # The floor table times the implementations' methods, and puts them back.
+    assert {name: getattr(AgentCore, name) for name in timed} == methods
+    assert set(vars(AgentCore)) == own
     text = out.read_text(encoding="utf-8")
     for title in SECTIONS:
         assert title in text, title
@@ -29,6 +36,8 @@ def test_a_quick_run_writes_every_section(tmp_path: Path) -> None:
     assert "Python" in text and "load average" in text
     # The exploration compares itself with the explorer before issue 17, or says why not.
     assert "before the core's state was explicit" in text or "was not run" in text
+    assert "What the implementations' own work costs per state" in text
+    assert "ceiling if keys and checks cost nothing" in text
 
 
 def test_an_item_runs_in_its_own_process(tmp_path: Path) -> None:
