@@ -173,8 +173,11 @@ def duplicate_state(source: CoreState, target: CoreState, log: SessionLog) -> No
     *log*."""
     memo: dict[int, Any] = {}
     attributes = vars(target)
-    for name, value in vars(source).items():
-        attributes[name] = value if name in STATIC_ATTRIBUTES else duplicate(value, memo)
+    attributes.update(vars(source))     # then each attribute not shared is replaced by a copy
+    copiers, undecided = _COPIERS, _UNDECIDED
+    for name, value in attributes.items():
+        if copiers.get(value.__class__, undecided) is not None and name not in STATIC_ATTRIBUTES:
+            attributes[name] = duplicate(value, memo)
     attributes["log"] = log
 
 
