@@ -59,6 +59,7 @@ import hashlib
 import importlib
 import json
 import logging
+import operator
 import re
 import sys
 import time
@@ -67,6 +68,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import count
 from typing import Any, Protocol
 
 from machine.core import AgentCore, CoreConfig
@@ -512,44 +514,37 @@ class Explorer:
     def _key_parts(self, node: Node) -> tuple[bytes, tuple[str, ...], str, list[str]]:
         texts, emitter = self._texts, self._emitter
         core = node.core
-        _, log_digest, tokens = texts.chain(core.log)
-        out: list[str] = ["((None"]
-        ids: list[str] = []
-        write = emitter.write
-        state = vars(core)
-        for name in _state_names(core):
-            out.append(", (")
-            write(name, out, ids)
-            out.append(", ")
-            write(state[name], out, ids)
-            out.append(")")
-        out.append("), ")
+        raw_core, log_digest, tokens = texts.chain(core.log)
+        emitter.begin()
+        append, write = emitter.out.append, emitter.write
+        emitter.state(core)
         other = node.other
         if other is None:
-            out.append("None")
+            append("None")
         else:
             other_log = getattr(other, "log", None)
             same_log: object = None
             if isinstance(other_log, SessionLog):
                 # Its events are the core's while the outputs agree (they are compared as
                 # they are pulled); the key says so, or holds the other log's own digest.
-                raw_core, raw_other = texts.chain(core.log)[0], texts.chain(other_log)[0]
+                raw_other = texts.chain(other_log)[0]
                 same_log = "=core" if raw_other == raw_core else raw_other
-            out.append("(")
-            write(same_log, out, ids)
-            out.append(", ")
+            append("(")
+            write(same_log)
+            append(", ")
             parts = getattr(other, "state_parts", None)
             if callable(parts):
-                out.append("(None, ")
-                write(parts(), out, ids)
-                out.append(")")
+                append("(None, ")
+                write(parts())
+                append(")")
             else:
-                emitter.text(repr(implementation_parts(other, texts, with_log=False)), out, ids)
-            out.append(")")
-        out.append(", ")
-        emitter.ledger(node.monitor.ledger(), out, ids)
-        out.append(")")
-        return log_digest, tokens, "".join(out), ids
+                emitter.text(repr(implementation_parts(other, texts, with_log=False)))
+            append(")")
+        append(", ")
+        emitter.ledger(node.monitor.ledger())
+        append(")")
+        template, ids = emitter.finish()
+        return log_digest, tokens, template, ids
 
     def children(self, node: Node, probe: Output | None, *,
                  silent_change: bool = False) -> list[tuple[Action, int]]:
@@ -1127,151 +1122,307 @@ def _template(text: str) -> _Template:
     return "\0".join(pieces[0::2]), tuple(pieces[1::2])
 
 
+#: Writes one value: its template into its emitter's `out`, its ids into its ``ids``.
+_Writer = Callable[[Any], None]
+
+
 class _Emitter:
-    """Writes the template of ``repr(_canonical(value))`` into *out*, its ids into *ids*."""
+    """Writes the template of ``repr(_canonical(value))`` into `out`, its ids into `ids`.
+
+    Why it is shaped so: a key writes a few hundred values, most of them scalars, names
+    and immutable values met before. Those are known by identity (`_known`: the text of
+    each value, held so that no other value ever takes its id; a string or an int: the
+    first one of its value met), so a record's fields and a sequence's items are written
+    inline by one look-up; only containers, mutable records and values not known cost a
+    call, to the writer of their class (made once: a record's labels are written once, its
+    fields read by one `operator.attrgetter` call). Mutable values are never known: they
+    are written each time. The writers append to the emitter's own two lists (`begin`
+    empties them, `finish` reads them).
+    """
 
     def __init__(self, texts: _Texts) -> None:
         self.texts = texts
-        #: immutable value (by identity, held) -> the template of its quoted text
-        self._values: dict[int, tuple[object, _Template]] = {}
-        #: a string -> the template of its repr
+        self.out: list[str] = []
+        self.ids: list[str] = []
+        #: an immutable value (by identity) whose text has no id -> that text
+        self._known: dict[int, str] = {}
+        #: the same, each text after ``, `` (an item of a sequence but its first)
+        self._known_after: dict[int, str] = {}
+        #: an immutable value (by identity) whose text has ids -> its template
+        self._known_templates: dict[int, _Template] = {}
+        #: the values known by identity, held so that no other value ever takes their id
+        self._held: list[object] = []
+        #: a string -> the template of its repr (the first string of each value is known)
         self._strings: dict[str, _Template] = {}
+        #: an int -> its repr (the first int of each value is known)
+        self._integers: dict[int, str] = {}
+        #: an immutable value's text (`_Texts.text`) -> the template of its repr
+        self._quoted: dict[str, _Template] = {}
         #: a monitor's ledger -> the template of its repr
         self._ledgers: dict[tuple[object, ...], _Template] = {}
         #: class -> how to write its instances
-        self._writers: dict[type, Callable[[Any, list[str], list[str]], None]] = {}
+        self._writers: dict[type, _Writer] = {}
+        #: core class -> its state names and the writer of a state (its attributes' dict)
+        self._states: dict[type, tuple[tuple[str, ...], _Writer]] = {}
 
-    def write(self, value: Any, out: list[str], ids: list[str]) -> None:
-        kind = type(value)
-        if kind is str:
-            found = self._strings.get(value)
-            if found is None:
-                found = self._strings[value] = _template(repr(value))
-            out.append(found[0])
-            if found[1]:
-                ids.extend(found[1])
-        elif value is None or kind is int or kind is bool or kind is float:
-            out.append(repr(value))
+    def begin(self) -> None:
+        """Start a text: nothing written yet."""
+        self.out.clear()
+        self.ids.clear()
+
+    def finish(self) -> tuple[str, list[str]]:
+        """The template written since `begin`, and its ids in order."""
+        return "".join(self.out), self.ids.copy()
+
+    def write(self, value: Any) -> None:
+        """Write *value*'s template (and its ids)."""
+        text = self._known.get(id(value))
+        if text is None:
+            kind = type(value)
+            (self._writers.get(kind) or self._writer(kind))(value)
         else:
-            writer = self._writers.get(kind)
-            if writer is None:
-                writer = self._writers[kind] = self._writer_of(kind)
-            writer(value, out, ids)
+            self.out.append(text)
 
-    def _writer_of(self, kind: type) -> Callable[[Any, list[str], list[str]], None]:
-        write = self.write
-        values = self._values
-        strings = self._strings
-        if kind is list or kind is tuple or kind is deque:
-            head = f"({kind.__name__!r}, ("
+    def state(self, core: AgentCore) -> None:
+        """Write ``(None, *((name, value) for each state attribute))`` of *core* (see
+        `_core_parts`), but its closing ``)``."""
+        names = _state_names(core)
+        known = self._states.get(type(core))
+        if known is None or known[0] is not names:
+            labels = [f"({name!r}, " for name in names]
+            if not names or any(_ID.search(label) for label in labels):
+                writer = self._named_values(names)
+            else:
+                writer = self._fields(
+                    (f"((None, {labels[0]}", *(f"), {label}" for label in labels[1:])),
+                    ")), ", _getter(operator.itemgetter, names))
+            known = self._states[type(core)] = (names, writer)
+        known[1](vars(core))
 
-            def sequence(value: Any, out: list[str], ids: list[str]) -> None:
-                out.append(head)
-                first = True
-                for item in value:
-                    if not first:
-                        out.append(", ")
-                    first = False
-                    # Why inline: most items are scalars or immutable values written before
-                    kind = type(item)
-                    if item is None or kind is int or kind is bool:
-                        out.append(repr(item))
-                        continue
-                    found = strings.get(item) if kind is str else None
-                    if found is not None:
-                        out.append(found[0])
-                        if found[1]:
-                            ids.extend(found[1])
-                        continue
-                    hit = values.get(id(item))
-                    if hit is not None and hit[0] is item:
-                        out.append(hit[1][0])
-                        if hit[1][1]:
-                            ids.extend(hit[1][1])
-                    else:
-                        write(item, out, ids)
-                out.append(",))" if len(value) == 1 else "))")
-            return sequence
-        if kind is dict:
-            def mapping(value: Any, out: list[str], ids: list[str]) -> None:
-                out.append("('dict', (")
-                for index, (key, item) in enumerate(value.items()):
-                    out.append(", (" if index else "(")
-                    write(repr(key), out, ids)
-                    out.append(", ")
-                    write(item, out, ids)
-                    out.append(")")
-                out.append(",))" if len(value) == 1 else "))")
-            return mapping
-        if kind in (types.FunctionType, types.MethodType, types.BuiltinFunctionType):
-            def function(value: Any, out: list[str], ids: list[str]) -> None:
-                write(getattr(value, "__qualname__", "function"), out, ids)  # a phase
-            return function
-        if kind is set or kind is frozenset:
-            empty = f"({kind.__name__!r}, ())"
-            generic = self._generic
+    def _named_values(self, names: tuple[str, ...]) -> _Writer:
+        """`state`'s writer when a name holds an id (or there is none): each name written as
+        a value."""
+        append, write = self.out.append, self.write
 
-            def collection(value: Any, out: list[str], ids: list[str]) -> None:
-                if value:
-                    generic(value, out, ids)
-                else:
-                    out.append(empty)
-            return collection
-        reader = _reader(kind)
-        if reader is not None and reader[0] == "text":
-            texts = self.texts
+        def named_values(state: dict[str, Any]) -> None:
+            append("((None")
+            for name in names:
+                append(", (")
+                write(name)
+                append(", ")
+                write(state[name])
+                append(")")
+            append("), ")
+        return named_values
 
-            def immutable(value: Any, out: list[str], ids: list[str]) -> None:
-                hit = values.get(id(value))
-                if hit is None or hit[0] is not value:
-                    hit = values[id(value)] = (value, _template(repr(texts.text(value))))
-                out.append(hit[1][0])
-                if hit[1][1]:
-                    ids.extend(hit[1][1])
-            return immutable
-        if reader is not None:
-            fields = reader[1]
-            labels = [f"({name!r}, " for name in fields]
-            if any(_ID.search(label) for label in labels) or _ID.search(kind.__name__):
-                return self._generic
-            head = f"({kind.__name__!r}, ("
-            tail = ",))" if len(fields) == 1 else "))"
-            pairs = [(label if index == 0 else ", " + label, name)
-                     for index, (label, name) in enumerate(zip(labels, fields, strict=True))]
-
-            def record(value: Any, out: list[str], ids: list[str]) -> None:
-                out.append(head)
-                for label, name in pairs:
-                    out.append(label)
-                    write(getattr(value, name), out, ids)
-                    out.append(")")
-                out.append(tail)
-            return record
-        return self._generic
-
-    def _generic(self, value: Any, out: list[str], ids: list[str]) -> None:
-        self.text(repr(_canonical(value, 0, self.texts)), out, ids)
-
-    def ledger(self, ledger: tuple[object, ...], out: list[str], ids: list[str]) -> None:
+    def ledger(self, ledger: tuple[object, ...]) -> None:
         """Write a monitor's ledger as ``repr`` writes it (ledgers recur: each once)."""
         found = self._ledgers.get(ledger)
         if found is None:
             found = self._ledgers[ledger] = _template(repr(ledger))
-        out.append(found[0])
-        ids.extend(found[1])
+        self.out.append(found[0])
+        self.ids.extend(found[1])
 
-    @staticmethod
-    def text(text: str, out: list[str], ids: list[str]) -> None:
+    def text(self, text: str) -> None:
         """Write *text* as it is (its ids found)."""
         template, found = _template(text)
-        out.append(template)
-        ids.extend(found)
+        self.out.append(template)
+        self.ids.extend(found)
+
+    def _remember(self, value: object, template: _Template) -> None:
+        """Know *value* (immutable) by identity from now on."""
+        self._held.append(value)
+        if template[1]:
+            self._known_templates[id(value)] = template
+        else:
+            self._known[id(value)] = template[0]
+            self._known_after[id(value)] = ", " + template[0]
+
+    def _string(self, value: str) -> None:
+        template = self._strings.get(value)
+        if template is None:
+            template = self._strings[value] = _template(repr(value))
+            self._remember(value, template)     # the first string of its value met
+        self.out.append(template[0])
+        if template[1]:
+            self.ids.extend(template[1])
+
+    def _writer(self, kind: type) -> _Writer:
+        writer = self._writers[kind] = self._writer_of(kind)
+        return writer
+
+    def _writer_of(self, kind: type) -> _Writer:
+        write, texts = self.write, self.texts
+        append, extend = self.out.append, self.ids.extend
+        if kind is str:
+            return self._string
+        if kind is int:
+            integers, remember = self._integers, self._remember
+
+            def integer(value: int) -> None:
+                text = integers.get(value)
+                if text is None:
+                    text = integers[value] = repr(value)
+                    remember(value, (text, ()))     # the first int of its value met
+                append(text)
+            return integer
+        if kind is type(None) or kind is bool:
+            remember = self._remember
+
+            def singleton(value: Any) -> None:
+                remember(value, (repr(value), ()))
+                append(repr(value))
+            return singleton
+        if kind is float:
+            def real(value: float) -> None:
+                append(repr(value))
+            return real
+        if kind is list or kind is tuple or kind is deque:
+            return self._sequence(f"({kind.__name__!r}, (")
+        if kind is dict:
+            def mapping(value: Any) -> None:
+                append("('dict', (")
+                for index, (key, item) in enumerate(value.items()):
+                    append(", (" if index else "(")
+                    write(repr(key))
+                    append(", ")
+                    write(item)
+                    append(")")
+                append(",))" if len(value) == 1 else "))")
+            return mapping
+        if kind in (types.FunctionType, types.MethodType, types.BuiltinFunctionType):
+            def function(value: Any) -> None:
+                write(getattr(value, "__qualname__", "function"))  # a phase
+            return function
+        if kind is set or kind is frozenset:
+            return self._collection(kind)
+        reader = _reader(kind)
+        if reader is not None and reader[0] == "text":
+            known_templates, remember = self._known_templates, self._remember
+            quoted = self._quoted
+
+            def immutable(value: Any) -> None:
+                template = known_templates.get(id(value))
+                if template is None:
+                    # Why by text too: the other implementation's parts are new values
+                    # each time (frozen JSON made by its `state_parts`), of a few texts
+                    text = texts.text(value)
+                    template = quoted.get(text)
+                    if template is None:
+                        template = quoted[text] = _template(repr(text))
+                    remember(value, template)
+                append(template[0])
+                extend(template[1])
+            return immutable
+        if reader is not None:
+            names = reader[1]
+            labels = [f"({name!r}, " for name in names]
+            if any(_ID.search(label) for label in labels) or _ID.search(kind.__name__):
+                return self._generic
+            head = f"({kind.__name__!r}, ("
+            if not names:
+                def empty_record(value: Any) -> None:
+                    append(head + "))")
+                return empty_record
+            return self._fields((head + labels[0], *(f"), {label}" for label in labels[1:])),
+                                "),))" if len(names) == 1 else ")))",
+                                _getter(operator.attrgetter, names))
+        return self._generic
+
+    # Why `_fields` and `_sequence` write their items inline (the same few lines in each):
+    # most items are known by identity, and a call per item was most of a key's cost.
+
+    def _fields(self, labels: tuple[str, ...], tail: str,
+                get: Callable[[Any], tuple[Any, ...]]) -> _Writer:
+        """A writer of the values *get* reads from a record, each after its label, then
+        *tail*."""
+        append, writer = self.out.append, self._writer
+        known, writers = self._known, self._writers
+
+        def record(value: Any) -> None:
+            for label, item in zip(labels, get(value), strict=True):
+                append(label)
+                text = known.get(id(item))
+                if text is None:
+                    kind = type(item)
+                    (writers.get(kind) or writer(kind))(item)
+                else:
+                    append(text)
+            append(tail)
+        return record
+
+    def _sequence(self, head: str) -> _Writer:
+        """A writer of a list, tuple or deque as ``(class name, (item, ...))``."""
+        write, writer = self.write, self._writer
+        append = self.out.append
+        known_after, writers = self._known_after, self._writers
+        empty = head + "))"
+
+        def sequence(value: Any) -> None:
+            if not value:
+                append(empty)
+                return
+            append(head)
+            items = iter(value)
+            write(next(items))
+            for item in items:
+                text = known_after.get(id(item))
+                if text is None:
+                    append(", ")
+                    kind = type(item)
+                    (writers.get(kind) or writer(kind))(item)
+                else:
+                    append(text)
+            append(",))" if len(value) == 1 else "))")
+        return sequence
+
+    def _collection(self, kind: type) -> _Writer:
+        """A writer of a set or frozenset: its items' reprs, sorted (see `_canonical`)."""
+        name = kind.__name__
+        empty = f"({name!r}, ())"
+        generic, text, append = self._generic, self.text, self.out.append
+
+        def collection(value: Any) -> None:
+            if not value:
+                append(empty)
+            elif _PLAIN_KINDS.issuperset(map(type, value)):
+                # Why: a plain item is its own canonical value, so this is `_canonical`'s text
+                items = ", ".join(map(repr, sorted(map(repr, value))))
+                written = (f"({name!r}, ({items},))" if len(value) == 1
+                           else f"({name!r}, ({items}))")
+                if str in map(type, value):
+                    text(written)           # a string may hold ids
+                else:
+                    append(written)
+            else:
+                generic(value)
+        return collection
+
+    def _generic(self, value: Any) -> None:
+        self.text(repr(_canonical(value, 0, self.texts)))
+
+
+#: The classes a value of which `_canonical` gives as it is.
+_PLAIN_KINDS = frozenset({str, int, bool, float, type(None)})
+
+
+def _getter(make: Callable[..., Callable[[Any], Any]], names: tuple[str, ...]
+            ) -> Callable[[Any], tuple[Any, ...]]:
+    """``make(*names)`` (`operator.attrgetter`, `operator.itemgetter`), giving a tuple for a
+    single name too."""
+    get = make(*names)
+    if len(names) > 1:
+        return get
+
+    def single(value: Any) -> tuple[Any, ...]:
+        return (get(value),)
+    return single
 
 
 def _ranks(tokens: Sequence[str], ids: Sequence[str]) -> list[int]:
     """Each of *ids* as its rank of first appearance in *tokens* then *ids*."""
-    order = {token: rank for rank, token in enumerate(dict.fromkeys([*tokens, *ids]))}
-    return [order[token] for token in ids]
+    order = dict(zip(dict.fromkeys([*tokens, *ids]), count()))
+    return [*map(order.__getitem__, ids)]
 
 
 def _filled(template: str, ranks: Sequence[int]) -> str:
