@@ -67,6 +67,38 @@ def test_P10_a_completion_of_a_released_model_stream_is_refused() -> None:
         s.core.end(model.id)
 
 
+def test_P10_completed_never_requested_and_outstanding_ids_are_told_apart_at_the_bounds() -> None:
+    s = Scenario()
+    s.hold("model")
+    s.followup("go")
+    s.run()
+    model = s.take("model")
+    issued = model.id + 1                               # ids are issued in order from 0
+    for never in (-1, issued, issued + 10):
+        with pytest.raises(ProtocolError, match=r"was never requested"):
+            s.core.resolve(never, None)
+    for done in range(model.id):                        # every earlier effect was answered
+        with pytest.raises(ProtocolError, match=r"already completed"):
+            s.core.resolve(done, None)
+    s.core.chunk(model.id, {"type": "text-delta", "text": "x"})   # still outstanding
+    s.core.end(model.id)
+    with pytest.raises(ProtocolError, match=r"already completed"):
+        s.core.end(model.id)
+
+
+def test_P10_the_core_keeps_no_record_per_completed_effect() -> None:
+    """Refusing a late completion needs no memory of each one (ids are issued in order):
+    after many turns, no part of the core's state but the log has grown with them."""
+    s = Scenario()
+    for index in range(300):
+        s.followup(f"turn {index}")
+        s.run()
+    assert s.core.status == "idle"
+    sizes = {name: len(value) for name, value in vars(s.core).items()
+             if name != "log" and hasattr(value, "__len__") and not isinstance(value, str)}
+    assert max(sizes.values()) < 10, sizes
+
+
 # --------------------------------------------------------------------------
 # P11 configuration: CoreConfig validates at construction (V8)
 # --------------------------------------------------------------------------

@@ -86,9 +86,11 @@ class Outputs(CoreState):
             if effect in self._abandoned:                       # P16: accepted, dropped
                 if kind != "chunk":
                     self._abandoned.discard(effect)
-                    self._done_effects.add(effect)
                 return
-            if effect in self._done_effects:
+            # Why no set of completed ids: ids are issued in order from 0, and each issued
+            # one is outstanding, abandoned or completed, so an issued id found in neither
+            # of the first two is completed (a set would grow with every effect, P10).
+            if 0 <= effect < self._next_effect:
                 raise ProtocolError(f"effect {effect} was already completed")
             raise ProtocolError(f"effect {effect} was never requested")
         if kind in ("chunk", "end") and record.kind != MODEL:
@@ -100,8 +102,7 @@ class Outputs(CoreState):
         if kind != "raise" and value is not None:
             value = snapshot(value)     # V6, P6: the value as it is at the call
         if kind != "chunk":
-            del self._effects[effect]
-            self._done_effects.add(effect)
+            del self._effects[effect]                           # completed (P10)
         self._mail.append((effect, kind, value))
 
     def next_output(self) -> Output | None:
@@ -237,8 +238,7 @@ class Outputs(CoreState):
         ``release`` notice, or None when the stream had already ended (nothing to stop)."""
         self._mail = deque(m for m in self._mail if m[0] != effect_id)
         if self._effects.pop(effect_id, None) is None:
-            return None
-        self._done_effects.add(effect_id)   # P10: a later completion is refused
+            return None                     # P10: a later completion is refused (`_complete`)
         return Control("release", FrozenDict({"effect": effect_id}))
 
     def _commit(self, type_: str, data: Mapping[str, Frozen] | Message, *,

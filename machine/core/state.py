@@ -31,9 +31,10 @@ The implicit machines, each a few attributes:
 * **Header flag** (``_header_logged``): this instance has handled a header (R4.8).
 * **Cancel delivery** (``_retro``): the scope of the cancel whose notice is the last
   output pulled, into which commands issued at that position are swept (P7, D9).
-* **Effects and mail** (``_effects``, ``_done_effects``, ``_next_effect``, ``_mail``,
-  ``_wait``): requested effects, completions buffered until the loop takes them
-  (P4-P6), and what the loop waits for.
+* **Effects and mail** (``_effects``, ``_next_effect``, ``_mail``, ``_wait``): requested
+  effects still outstanding, the next id (ids are issued in order from 0, so an issued id
+  neither outstanding nor abandoned is completed, P10), completions buffered until the
+  loop takes them (P4-P6), and what the loop waits for.
 * **The loop** (``_frames``): the activities in progress, outermost first (R4.10): a
   running interval, the claim of a prompt, a run, its steps, one step (with its model
   stream and fold), a tool batch and its calls' starts and commits, drains, a failed
@@ -111,7 +112,6 @@ class CoreState:
         self._frames: list[Frame] = []    # the loop: its activities in progress (R4.10)
         self._wait: frozenset[int] | None = None
         self._effects: dict[int, _EffectRecord] = {}
-        self._done_effects: set[int] = set()
         self._mail: deque[_Mail] = deque()
         self._next_effect = 0
         # Abort owner, wake request, pending retry.
