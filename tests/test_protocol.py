@@ -52,12 +52,17 @@ def test_P1_drain_outputs_pulls_everything_available_in_order() -> None:
 # --------------------------------------------------------------------------
 
 
-def test_P10_a_completion_of_a_released_model_stream_is_refused() -> None:
+def _held_model_stream() -> tuple[Scenario, Effect]:
+    """A turn whose model request is outstanding, and that request."""
     s = Scenario()
     s.hold("model")
     s.followup("go")
     s.run()
-    model = s.take("model")
+    return s, s.take("model")
+
+
+def test_P10_a_completion_of_a_released_model_stream_is_refused() -> None:
+    s, model = _held_model_stream()
     s.core.chunk(model.id, {"type": "text"})           # invalid chunk: the stream is released
     s.run()
     assert "release" in [o.kind for o in s.outputs if isinstance(o, Control)]
@@ -68,11 +73,7 @@ def test_P10_a_completion_of_a_released_model_stream_is_refused() -> None:
 
 
 def test_P10_completed_never_requested_and_outstanding_ids_are_told_apart_at_the_bounds() -> None:
-    s = Scenario()
-    s.hold("model")
-    s.followup("go")
-    s.run()
-    model = s.take("model")
+    s, model = _held_model_stream()
     issued = model.id + 1                               # ids are issued in order from 0
     for never in (-1, issued, issued + 10):
         with pytest.raises(ProtocolError, match=r"was never requested"):
