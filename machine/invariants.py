@@ -28,6 +28,10 @@ checks.
   dequeue before its admission ends (ahead of ``turn/start`` or of the rejected tail's
   tick), even when the admission was aborted before ``{prompt-submit}``, and it is
   never listed in a discard.
+* R20.5 provider requests: every model request the agent asks for, and the continuation
+  of its log after every surface event or header (what a fork or a resume there sends
+  first), makes request bodies both adapters' providers accept (specs/providers.md W9,
+  `machine.providers.check`).
 """
 
 from __future__ import annotations
@@ -39,7 +43,14 @@ from machine import events as ev
 from machine.errors import TurnstileError, ValidationError
 from machine.io import Durable, Effect, Input, Live, Output, Send
 from machine.jsonvalue import FrozenDict, FrozenList
+from machine.log import SessionLog
+from machine.providers.check import RequestCheck
 from machine.vocabulary import SendOptions
+
+#: The durable events after which the continuation of the log is checked (R20.5): those that
+#: change its derived history (L13) or its latest header.
+_CONTINUATION_EVENTS = frozenset({ev.USER_MESSAGE, ev.STEERING_MESSAGE, ev.TOOL_RESULT,
+                                  ev.ASSISTANT_MESSAGE, ev.REQUEST_HEADER})
 
 
 class AgentInvariantError(TurnstileError):
@@ -120,10 +131,13 @@ class InvariantMonitor:
     balances are checked at quiet points; elsewhere nothing may be counted twice.
     """
 
-    def __init__(self, agent: _Observable, boxes: _HasBoxes, *, sees_inputs: bool = False) -> None:
+    def __init__(self, agent: _Observable, boxes: _HasBoxes, *, sees_inputs: bool = False,
+                 requests: RequestCheck | bool = True) -> None:
         self.agent = agent
         self.boxes = boxes
         self.sees_inputs = sees_inputs
+        #: R20.5: the provider-request check (shared by copies of the monitor), or None
+        self.requests = RequestCheck() if requests is True else requests or None
         self.last_status: str | None = None
         self.enqueued: dict[str, int] = {}
         self.dequeued: dict[str, int] = {}
@@ -199,6 +213,11 @@ class InvariantMonitor:
                     if message_id in self.contexts_seen:
                         _bump(self.contexts_discarded, message_id)
         elif isinstance(output, Durable):
+            if self.requests is not None and output.event.type in _CONTINUATION_EVENTS:
+                log = getattr(self.agent, "log", None)
+                if isinstance(log, SessionLog):
+                    self.requests.log(log, f"the log after seq {output.event.seq} "
+                                           f"({output.event.type})")
             if output.event.type == ev.USER_MESSAGE:
                 message_id = str(output.event.data["id"])
                 _bump(self.logged, message_id)
@@ -207,6 +226,11 @@ class InvariantMonitor:
             elif output.event.type == ev.TURN_START:
                 self._admission_over("turn/start")
         elif isinstance(output, Effect):
+            if output.kind == "model" and self.requests is not None:
+                header = output.payload.get("header")
+                if isinstance(header, FrozenDict):
+                    self.requests.request(header, output.history or (),
+                                          f"model request {output.id}")
             if output.kind == "prompt-submit":
                 message_id = str(_message_id(output.payload))
                 if self.claimed is None:           # a chained claim: no running notice

@@ -75,6 +75,7 @@ __all__ = [
     "SessionLog",
     "Violation",
     "derive_history",
+    "shares_items",
     "validate_events",
 ]
 
@@ -183,6 +184,14 @@ class _Prefix(_View[T, T]):
 
     def __iter__(self) -> Iterator[T]:
         return iter(self._items[: self._length])  # Why: no call per item
+
+
+def shares_items(a: Sequence[object], b: Sequence[object]) -> bool:
+    """Whether *a* and *b* are views of one of the log's append-only lists (two `history`
+    views of one generation, L13): then the shorter is a prefix of the longer, item for
+    item. O(1); False for anything else (which may still share a prefix)."""
+    return (isinstance(a, _View) and isinstance(b, _View) and type(a) is type(b)
+            and a._items is b._items)
 
 
 class _Events(_View[EventRecord, Event]):

@@ -333,3 +333,90 @@ def test_R20_2_direct_append_keeps_its_source_event_seqs() -> None:
     event = core.append("user/message", msg("second"), surface_op="append", source_event_seqs=[0])
     assert event.source_event_seqs == (0,)
     assert core.log.events[1].source_event_seqs == (0,)
+
+
+# ---------------------------------------------------------------------------
+# R20.5 provider requests
+# ---------------------------------------------------------------------------
+
+
+def _planted_core_steering_inside_the_batch(monitor: Callable[[AgentCore], InvariantMonitor]
+                                            ) -> InvariantMonitor:
+    """A core whose log gets a steering message between a call and its result, as a core
+    that drained steering inside its tool batch would write it (direct appends stand in for
+    the planted bug), watched by the monitor *monitor* makes, which sees each append."""
+    core = AgentCore(CONFIG)
+    log = core.log
+    watching = monitor(core)
+    log.subscribe(lambda event: watching.output(Durable(event)))
+    log.append("turn/start", {"turn": 1, "trigger": {"kind": "message",
+                                                     "source": {"kind": "user"}}})
+    log.append("user/message", msg("u1"), surface_op="append")
+    log.append("step/start", {"turn": 1, "step": 1})
+    log.append("assistant/message", {"turn": 1, "step": 1, "message": {
+        "id": "a1", "role": "assistant", "source": {"kind": "model", "provider": "p",
+                                                    "model": "m"},
+        "content": [{"type": "tool-call", "id": "k1", "name": "t", "arguments": "{}"}]}},
+        surface_op="append", source_event_seqs=[])
+    log.append("steering/message", {"turn": 1, "message": msg("s1")}, surface_op="append")
+    return watching
+
+
+def test_R20_5_the_monitor_checks_every_continuation_and_model_request() -> None:
+    """R20.5: after each event that changes the history, the continuation of the log is
+    built by both adapters and checked; the plan answers the call and sends the steer after
+    it (specs/providers.md W2.2, W2.3), so nothing is refused; every model request is
+    checked with its own header and history."""
+    from machine.scripted import Driver, ScriptedEnvironment, calls_reply, text_reply
+    monitor = _planted_core_steering_inside_the_batch(lambda core: InvariantMonitor(core, core))
+    assert monitor.requests is not None and monitor.requests.checked == 3
+    fresh = AgentCore(CONFIG)
+    driver = Driver(fresh, ScriptedEnvironment(replies=[calls_reply(("k1", "t")),
+                                                        text_reply("done")]))
+    fresh.followup(user_message("u", "go"))
+    driver.run()
+    checks = driver.monitor.requests if driver.monitor is not None else None
+    assert checks is not None and checks.checked >= 4
+    assert InvariantMonitor(fresh, fresh, requests=False).requests is None
+
+
+def test_R20_5_a_request_the_provider_refuses_fails_the_monitor_naming_the_rule(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """R20.5: with the plan's deferral planted away (specs/providers.md W2.3), the same log
+    continues with a body that has the steer between the call and its result: the monitor
+    names R20.5, the provider's rule and the position."""
+    from machine.providers import plan
+    from machine.providers.check import ProviderRuleError
+
+    def eager(self: plan.Planner, message: Any) -> None:
+        group, self.group = self.group, None
+        if group is not None:
+            self.group = group if message.source.get("kind") == "tool" else None
+        original(self, message)
+        if group is not None and self.group is None and message.role != "assistant":
+            self.group = group
+
+    original = plan.Planner.feed
+    monkeypatch.setattr(plan.Planner, "feed", eager)
+    failures: list[BaseException] = []
+
+    def monitor(core: AgentCore) -> InvariantMonitor:
+        inner = InvariantMonitor(core, core)
+        output = inner.output
+
+        def noting(item: Output) -> None:
+            try:
+                output(item)
+            except ProviderRuleError as error:   # an observer's raise is contained (L11)
+                failures.append(error)
+        inner.output = noting  # type: ignore[method-assign, assignment]
+        return inner
+    _planted_core_steering_inside_the_batch(monitor)
+    # the continuation's own new prompt is not deferred either: refused from seq 3 on
+    assert [str(f).split(":")[0] for f in failures] == [
+        "[R20.5] the log after seq 3 (assistant/message)",
+        "[R20.5] the log after seq 4 (steering/message)"]
+    assert all("chat: [W4.5] messages[1].role: An assistant message with 'tool_calls' must be "
+               "followed by tool messages" in str(f) for f in failures)
+    assert "[W4.5] messages[4].role: Invalid parameter: messages with role 'tool'" in str(
+        failures[1])

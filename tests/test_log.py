@@ -18,7 +18,7 @@ from scenario_helpers import obj
 from machine.errors import InvariantError, ValidationError
 from machine.events import Event
 from machine.jsonvalue import FrozenDict, FrozenList, JsonLike, freeze, same_json
-from machine.log import SessionLog, Violation, derive_history, validate_events
+from machine.log import SessionLog, Violation, derive_history, shares_items, validate_events
 from machine.strategies import json_objects
 from machine.vocabulary import Message, tool_result_block, user_message
 
@@ -1153,6 +1153,21 @@ def test_L13_replace_of_a_range_without_entries_lands_at_its_position() -> None:
     user(log, "x", surface_op={"op": "replace", "start": 9, "end": 13})
     assert [m.id for m in log.derive_messages()] == [
         "ctx", "prompt", "a1", "r-c1", "steer", "x", "between"]
+
+
+def test_L13_history_views_of_one_generation_share_their_items_and_a_replace_does_not() -> None:
+    """L13 (and specs/providers.md W10): two history views of one generation hold the same
+    list, so the shorter is the longer's prefix item for item; a replace starts a new list,
+    and nothing else counts as sharing."""
+    log = sample_log()
+    early, late = log.history(5), log.history(len(log))
+    assert shares_items(early, late) and shares_items(late, early)
+    assert all(a is b for a, b in zip(early, late, strict=False))
+    user(log, "summary", {"kind": "plugin", "plugin": "compact"},
+         surface_op={"op": "replace", "start": 0, "end": 7})
+    assert not shares_items(log.history(len(log)), late)
+    assert not shares_items(list(late), late) and not shares_items(late, tuple(late))
+    assert not shares_items(log.events, late)
 
 
 def test_L13_history_views_are_cheap_snapshots_equal_to_derive_messages() -> None:

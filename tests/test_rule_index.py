@@ -38,11 +38,12 @@ TESTS = ROOT / "tests"
 
 #: A rule id as written in a docstring: R10.9, R20.1b, R8.3.2, R18, P13, L2, V22, E4, S9,
 #: RT15, D5. Not "§10.9" (the reference's numbering) nor part of a longer word or number.
-_DOC_ID = re.compile(r"(?<![\w§.])(RT\d+|R\d+(?:\.\d+)*[a-z]?|[PLVESD]\d+)(?![\w]|\.\d)")
+_DOC_ID = re.compile(r"(?<![\w§.])(RT\d+|R\d+(?:\.\d+)*[a-z]?|W\d+(?:\.\d+)?|[PLVESD]\d+)"
+                     r"(?![\w]|\.\d)")
 #: "scenario E3", "scenarios D5–D7": scenario ids, not rules.
 _SCENARIO_REF = re.compile(r"[Ss]cenarios? [A-H]\d+(?:[–-][A-H]?\d+)?")
 #: One token of a test name that starts a rule id: R10, RT15, P13, V8, …
-_NAME_ID = re.compile(r"(RT|[RPLVESD])(\d+)")
+_NAME_ID = re.compile(r"(RT|[RPLVESDW])(\d+)")
 _NAME_PART = re.compile(r"\d+[a-z]?")
 
 
@@ -56,6 +57,7 @@ def spec_rules() -> list[str]:
         rules += rule_ids(text(name), prefixes=("L", "V", "E"))
     rules += re.findall(r"^\*\*(S\d+)\.", text("persistence.md"), re.M)
     rules += re.findall(r"^\*\*(RT\d+)\.", text("runtime.md"), re.M)
+    rules += re.findall(r"^(?:\* )?\*\*(W\d+(?:\.\d+)?)[. ]", text("providers.md"), re.M)
     return list(dict.fromkeys(rules))
 
 
@@ -71,7 +73,7 @@ def ids_in_name(name: str) -> list[str]:
         if match is None:
             continue
         rule = match.group(0)
-        if match.group(1) == "R":           # R rules are numbered within their section
+        if match.group(1) in ("R", "W"):    # R and W rules are numbered within their section
             while index < len(tokens) and _NAME_PART.fullmatch(tokens[index]):
                 rule += "." + tokens[index]
                 index += 1
@@ -135,7 +137,7 @@ def family_of(rule: str) -> str:
         return "RT"
     if rule.startswith("R"):
         return rule.split(".")[0]
-    return {"D": "D", "P": "P", "L": "L", "V": "V", "E": "V", "S": "S"}[rule[0]]
+    return {"D": "D", "P": "P", "L": "L", "V": "V", "E": "V", "S": "S", "W": "W"}[rule[0]]
 
 
 #: Test files of a family, as patterns (fnmatch). Every R<n> family also has the files
@@ -154,6 +156,7 @@ FAMILY_FILES: dict[str, tuple[str, ...]] = {
           "test_hostile_values.py"),
     "S": ("test_store_*.py",),
     "RT": ("test_runtime_*.py",),
+    "W": ("test_providers*.py",),
 }
 
 

@@ -541,9 +541,9 @@ def test_RT15_history_labels_context_and_answers_calls_left_without_results() ->
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "k1", "type": "function", "function": {"name": "read", "arguments": "{}"}},
             {"id": "k2", "type": "function", "function": {"name": "read", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "k1", "content": "one"},
         {"role": "tool", "tool_call_id": "k2",
          "content": "Error: no result was recorded for this call"},
-        {"role": "tool", "tool_call_id": "k1", "content": "one"},
         {"role": "user", "content": "next"}]
     assert to_anthropic_messages(history, label=None) == [
         {"role": "user", "content": [{"type": "text", "text": "hi"},
@@ -552,9 +552,9 @@ def test_RT15_history_labels_context_and_answers_calls_left_without_results() ->
             {"type": "tool_use", "id": "k1", "name": "read", "input": {}},
             {"type": "tool_use", "id": "k2", "name": "read", "input": {}}]},
         {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "k1", "content": "one"},
             {"type": "tool_result", "tool_use_id": "k2",
              "content": "Error: no result was recorded for this call", "is_error": True},
-            {"type": "tool_result", "tool_use_id": "k1", "content": "one"},
             {"type": "text", "text": "next"}]}]
 
 

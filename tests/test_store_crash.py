@@ -9,7 +9,8 @@ tail (`machine.store.testing.sample_session`):
 
 Each time, load never raises anything but the expected `DamageError`, never
 loses an event that was durable before the damage point, never alters one,
-and the repaired log passes every invariant and has no open turn.
+and the repaired log passes every invariant, has no open turn, and continues with requests
+both providers accept (specs/providers.md W9).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from machine.log import validate_events
+from machine.log import SessionLog, validate_events
+from machine.providers.check import RequestCheck
 from machine.store import DamageError, JsonlStore, LoadResult, SqliteStore
 from machine.store.repair import closers, scan
 from machine.store.testing import sample_session, store_events
@@ -54,10 +56,12 @@ def durable_before(offset: int) -> int:
 
 
 def _repaired_is_valid(kept: int) -> bool:
-    """EVENTS[:kept] + its closers passes every invariant and has no open turn (memoised)."""
+    """EVENTS[:kept] + its closers passes every invariant, has no open turn, and continues
+    with requests both providers accept (W9; memoised)."""
     if kept not in _VALID:
         full = EVENTS[:kept] + list(CLOSERS[kept])
         _VALID[kept] = validate_events(full) is None and scan(full).open_turn is None
+        RequestCheck().log(SessionLog(full), f"repaired after {kept} records")
     return _VALID[kept]
 
 

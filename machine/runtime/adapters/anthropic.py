@@ -11,12 +11,14 @@
 
 The same mapping as the OpenAI-compatible adapter, in the Messages API's terms:
 
-* **history** → ``system`` and ``messages``: user messages and labelled context
-  (``context_label``) as user text blocks; assistant messages as ``text``,
-  ``thinking`` (when its signature was recorded) and ``tool_use`` blocks; tool
-  results as ``tool_result`` blocks of the next user message (consecutive
-  messages of one role are merged, as the API wants); unanswered calls get an
-  error result;
+* **history** → ``system`` and ``messages`` (`machine.providers.messages`,
+  specs/providers.md W2, W5): user messages and labelled context (``context_label``)
+  as user text blocks; assistant messages as ``text``, ``thinking`` (when its signature
+  was recorded) and ``tool_use`` blocks; tool results as ``tool_result`` blocks at the
+  head of the next user message (consecutive messages of one role are merged). Every
+  history makes a request the API accepts: unanswered calls get an error result, ids and
+  names are sent in a valid form, and calls are sent as text when the request declares no
+  tools (or, with thinking on, when their message has no thinking block);
 * **tools** → ``tools`` with ``input_schema``;
 * **config** → the request: ``model``, ``max_tokens`` (required by the API; the
   adapter's default is 4096) and every other option of the header's config;
@@ -40,32 +42,34 @@ The same mapping as the OpenAI-compatible adapter, in the Messages API's terms:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from machine.jsonvalue import Frozen, FrozenDict, FrozenList
+from machine.providers.history import original_names
+from machine.providers.messages import (
+    DEFAULT_MAX_TOKENS,
+    REDACTED_THINKING,
+    SIGNATURE,
+    MessagesBodies,
+    messages_request,
+    to_anthropic_messages,
+    wire_name,
+)
+from machine.providers.messages import messages_tools as to_anthropic_tools
 from machine.runtime.adapters.common import (
-    MISSING_RESULT,
     Aborted,
     Labeller,
     MalformedEvent,
     SdkErrors,
     adapter_options,
-    block_json,
     context_label,
     event_count,
     event_index,
     finish_chunks,
-    label_text,
-    missing_result_ids,
-    parse_arguments,
     race_abort,
     request_options,
     sdk_failure,
-    system_text,
-    text_of,
-    tool_specs,
     until_aborted,
     usage,
 )
@@ -73,10 +77,11 @@ from machine.runtime.adapters.common import api_key as api_key_for
 from machine.runtime.hooks import JsonValue
 from machine.runtime.model import Chunk, ModelCall
 from machine.runtime.retry import RetryPolicy
-from machine.vocabulary import Message
 
 try:
     import anthropic
+    from anthropic.types import Message as AnthropicMessage
+    from anthropic.types import RawMessageStreamEvent
 except ImportError as missing:                # pragma: no cover - the extra is not installed
     raise ImportError("machine.runtime.adapters.anthropic needs the anthropic SDK: "
                       "pip install 'turnstile-agent[anthropic]'") from missing
@@ -84,9 +89,6 @@ except ImportError as missing:                # pragma: no cover - the extra is 
 __all__ = ["REDACTED_THINKING", "RESERVED_OPTIONS", "SIGNATURE", "AnthropicMessages",
            "to_anthropic_messages", "to_anthropic_tools"]
 
-#: Block types the adapter records so thinking can be sent back (extension blocks, V3).
-SIGNATURE: Final = "anthropic/signature"
-REDACTED_THINKING: Final = "anthropic/redacted-thinking"
 #: Request fields the adapter sets itself.
 RESERVED_OPTIONS: Final = frozenset({"messages", "stream", "system", "tools"})
 #: The SDK's exception classes, for the failure classification.
@@ -111,8 +113,8 @@ class AnthropicMessages:
 
     *model*, *provider* (default ``anthropic``), *base_url*, *api_key* (default
     ``ANTHROPIC_API_KEY``; with a *base_url* and no key, a placeholder), *timeout*,
-    *client*, *options* (``max_tokens`` defaults to 4096), *retry_policy* and *label* as
-    for `OpenAIChat`.
+    *client*, *options* (``max_tokens`` defaults to 4096), *retry_policy*, *label* and
+    *direct* as for `OpenAIChat` (direct by default for a plain ``AsyncAnthropic``).
     """
 
     def __init__(self, model: str, *, provider: str = "anthropic", base_url: str | None = None,
@@ -120,8 +122,8 @@ class AnthropicMessages:
                  client: anthropic.AsyncAnthropic | None = None,
                  options: Mapping[str, JsonValue] | None = None,
                  retry_policy: RetryPolicy | None = None,
-                 label: Labeller | None = context_label) -> None:
-        self.options = {"max_tokens": 4096,
+                 label: Labeller | None = context_label, direct: bool | None = None) -> None:
+        self.options = {"max_tokens": DEFAULT_MAX_TOKENS,
                         **adapter_options(model, provider, options, RESERVED_OPTIONS)}
         self.model = model
         self.provider = provider
@@ -130,8 +132,10 @@ class AnthropicMessages:
                 base_url=base_url, api_key=api_key_for(api_key, "ANTHROPIC_API_KEY", base_url),
                 timeout=timeout, max_retries=0)
         self.client = client
+        self.direct = type(client) is anthropic.AsyncAnthropic if direct is None else direct
         self.retry_policy = retry_policy if retry_policy is not None else RetryPolicy()
         self.label = label
+        self._bodies = MessagesBodies(label=label)
 
     @property
     def default_config(self) -> dict[str, JsonValue]:
@@ -139,33 +143,48 @@ class AnthropicMessages:
         return {"provider": self.provider, "model": self.model, **self.options}
 
     def request(self, call: ModelCall) -> dict[str, Any]:
-        """The request body (without ``stream``) for *call*."""
-        config = call.config
-        options = request_options(config, RESERVED_OPTIONS)
-        body: dict[str, Any] = {"model": str(config.get("model") or self.model),
-                                "max_tokens": options.pop("max_tokens", 4096),
-                                "messages": to_anthropic_messages(call.messages,
-                                                                  label=self.label)}
-        system = system_text(call.system)
-        if system is not None:
-            body["system"] = system
-        tools = to_anthropic_tools(call.tools)
-        if tools:
-            body["tools"] = tools
-        body.update(options)
-        return body
+        """The request body (without ``stream``) for *call*, as JSON values: what `stream`
+        sends (specs/providers.md W5)."""
+        return messages_request(call.header, call.messages, model=self.model,
+                                options=self._options(call), label=self.label)
 
-    async def stream(self, call: ModelCall) -> AsyncIterator[Chunk]:
-        """Stream one request as chunks (see the module docstring)."""
+    def body(self, call: ModelCall) -> bytes:
+        """The request body `stream` sends for *call*, as bytes: `request`'s body with
+        ``stream``, each history message encoded once per adapter (W10)."""
+        bodies = self._bodies
+        if bodies.label is not self.label:
+            bodies = self._bodies = MessagesBodies(label=self.label)
+        return bodies.body(call.header, call.messages, model=self.model,
+                           options=self._options(call))
+
+    def _options(self, call: ModelCall) -> dict[str, Any]:
+        options = request_options(call.config, RESERVED_OPTIONS)
+        options.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
+        return options
+
+    async def _open(self, call: ModelCall) -> anthropic.AsyncStream[Any]:
+        """Send the request: `body`'s bytes through the client's transport (see
+        `OpenAIChat._open`), or, for a client of another class (Bedrock's and Vertex's
+        rewrite their requests), the SDK's own call."""
+        if self.direct:
+            return await self.client.post(
+                "/v1/messages", cast_to=AnthropicMessage, content=self.body(call),
+                options={"headers": {"Content-Type": "application/json"}}, stream=True,
+                stream_cls=anthropic.AsyncStream[RawMessageStreamEvent])
         body = self.request(call)
         extra = {key: body.pop(key) for key in list(body)
                  if key not in ("model", "max_tokens", "messages", "system", "tools")}
-        reader = _Reader()
+        opened: anthropic.AsyncStream[Any] = await self.client.messages.create(
+            stream=True, extra_body=extra or None, **body)
+        return opened
+
+    async def stream(self, call: ModelCall) -> AsyncIterator[Chunk]:
+        """Stream one request as chunks (see the module docstring)."""
+        reader = _Reader(names=original_names(call.tools, wire_name))
         received = False
         stream: anthropic.AsyncStream[Any] | None = None
         try:
-            stream = opened = await race_abort(self.client.messages.create(
-                stream=True, extra_body=extra or None, **body), call.signal)
+            stream = opened = await race_abort(self._open(call), call.signal)
             async with contextlib.aclosing(until_aborted(aiter(opened), call.signal)) as events:
                 async for event in events:
                     received = True
@@ -201,6 +220,8 @@ class _Reader:
     events, blocks and deltas of types the adapter does not know are passed over, as the
     API asks of clients."""
 
+    #: tool names as sent (made valid, W2.6) -> as the agent knows them
+    names: dict[str, str] = field(default_factory=dict)
     blocks: dict[int, _Block] = field(default_factory=dict)
     stop: str | None = None
     finished: bool = False
@@ -244,7 +265,8 @@ class _Reader:
         elif kind == "content_block_stop":
             done = self.blocks.get(_index(event, kind))
             if done is not None and done.type == "tool_use":
-                return [{"type": "tool-call", "id": done.id, "name": done.name,
+                return [{"type": "tool-call", "id": done.id,
+                         "name": self.names.get(done.name, done.name),
                          "arguments": "".join(done.parts)}]
             if done is not None and done.type == "thinking" and done.signature:
                 return [{"type": "block", "block": {"type": SIGNATURE,
@@ -295,84 +317,3 @@ def _count(owner: object, name: str, where: str) -> int | None:
 def _index(event: object, where: str) -> int:
     """The block index of a content block event."""
     return event_index(_get(event, "index"), where)
-
-# --------------------------------------------------------------------------
-# Mapping
-# --------------------------------------------------------------------------
-
-
-def to_anthropic_tools(tools: Frozen) -> list[dict[str, Any]]:
-    """The header's tool specs as Messages API tools."""
-    out: list[dict[str, Any]] = []
-    for name, description, parameters in tool_specs(tools):
-        tool: dict[str, Any] = {"name": name, "input_schema": parameters}
-        if description:
-            tool["description"] = description
-        out.append(tool)
-    return out
-
-
-def _assistant_blocks(message: Message) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    content = list(message.content)
-    for index, block in enumerate(content):
-        if not isinstance(block, FrozenDict):
-            continue
-        kind = block.get("type")
-        if kind == "text" and block.get("text"):
-            out.append({"type": "text", "text": str(block["text"])})
-        elif kind == "reasoning":
-            after = content[index + 1] if index + 1 < len(content) else None
-            if isinstance(after, FrozenDict) and after.get("type") == SIGNATURE:
-                out.append({"type": "thinking", "thinking": str(block.get("text", "")),
-                            "signature": str(after.get("signature", ""))})
-        elif kind == REDACTED_THINKING:
-            out.append({"type": "redacted_thinking", "data": str(block.get("data", ""))})
-        elif kind == "tool-call":
-            out.append({"type": "tool_use", "id": str(block.get("id")),
-                        "name": str(block.get("name")),
-                        "input": parse_arguments(str(block.get("arguments", "")))})
-    return out
-
-
-def _result_block(block: FrozenDict) -> dict[str, Any]:
-    content = block.get("content")
-    text = text_of(content) if isinstance(content, FrozenList) else ""
-    out: dict[str, Any] = {"type": "tool_result", "tool_use_id": str(block.get("toolCallId")),
-                           "content": text}
-    if block.get("isError") is True:
-        out["is_error"] = True
-    return out
-
-
-def to_anthropic_messages(messages: Iterable[Message], *,
-                          label: Labeller | None = context_label) -> list[dict[str, Any]]:
-    """The request's history as Messages API messages (see the module docstring)."""
-    history: list[Message] = list(messages)
-    out: list[dict[str, Any]] = []
-
-    def add(role: str, blocks: list[dict[str, Any]]) -> None:
-        if not blocks:
-            return
-        if out and out[-1]["role"] == role:
-            out[-1]["content"].extend(blocks)
-        else:
-            out.append({"role": role, "content": blocks})
-
-    for index, message in enumerate(history):
-        if message.role == "assistant":
-            add("assistant", _assistant_blocks(message))
-            add("user", [{"type": "tool_result", "tool_use_id": missing,
-                          "content": MISSING_RESULT, "is_error": True}
-                         for missing in missing_result_ids(history, index)])
-        elif message.source.get("kind") == "tool":
-            add("user", [_result_block(b) for b in message.content
-                         if isinstance(b, FrozenDict) and b.get("type") == "tool-result"])
-        else:                                   # user text, context, or a system message
-            text = "".join(str(b.get("text", "")) if isinstance(b, FrozenDict)
-                           and b.get("type") == "text" else block_json(b)
-                           for b in message.content)
-            text = label_text(label(message) if label and message.role == "user" else None, text)
-            if text:
-                add("user", [{"type": "text", "text": text}])
-    return out

@@ -1,5 +1,7 @@
 """What the provider adapters share (specs/runtime.md RT15): failure classification, usage,
-the last chunks of a stream, history helpers and prompt cancellation.
+the last chunks of a stream and prompt cancellation. The history helpers live in
+`machine.providers.history` (with the requests they build, specs/providers.md) and are
+named here too.
 
 Nothing here imports a provider SDK.
 """
@@ -12,17 +14,28 @@ import json
 import os
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from machine.errors import ValidationError
-from machine.jsonvalue import Frozen, FrozenDict, FrozenList, thaw
+from machine.jsonvalue import FrozenDict, thaw
+from machine.providers.history import (
+    MISSING_RESULT,
+    Labeller,
+    block_json,
+    context_label,
+    label_text,
+    parse_arguments,
+    system_text,
+    text_of,
+    tool_specs,
+)
 from machine.runtime.failures import ModelFailure
 from machine.runtime.hooks import JsonValue
 from machine.runtime.model import Chunk
 from machine.runtime.signal import Signal
-from machine.vocabulary import LlmFailure, Message
+from machine.vocabulary import LlmFailure
 
 __all__ = [
     "AUTHENTICATION_FAILED", "BAD_REQUEST", "CONTENT_FILTERED", "CONTEXT_LENGTH_EXCEEDED",
@@ -33,7 +46,7 @@ __all__ = [
     "adapter_options", "api_key", "block_json", "classify_status", "closing_chunks",
     "context_label", "event_count", "event_index", "finish_chunks", "http_failure",
     "is_transport_error", "label_text",
-    "missing_result_ids", "parse_arguments", "race_abort", "refuse_reserved", "request_options",
+    "parse_arguments", "race_abort", "refuse_reserved", "request_options",
     "retry_after_ms", "sdk_failure", "stream_failure", "system_text", "text_of", "tool_specs",
     "until_aborted", "usage",
 ]
@@ -335,94 +348,6 @@ def closing_chunks(kind: str, figures: Mapping[str, int] | None,
 
 
 # --------------------------------------------------------------------------
-# History
-# --------------------------------------------------------------------------
-
-
-def text_of(blocks: Sequence[Frozen], *, kinds: tuple[str, ...] = ("text",)) -> str:
-    """The concatenated text of the blocks of the given *kinds*."""
-    return "".join(str(b.get("text", "")) for b in blocks
-                   if isinstance(b, FrozenDict) and b.get("type") in kinds)
-
-
-def block_json(block: Frozen) -> str:
-    """A block the provider has no form for, as JSON text (so nothing is silently dropped)."""
-    return json.dumps(thaw(block), ensure_ascii=False, separators=(",", ":"))
-
-
-def context_label(message: Message) -> str | None:
-    """The default label of an injected context message in a provider request: ``[context
-    from plugin:fs]`` for a plugin's, ``[context from <kind>]`` for any other non-user
-    source; None for the user's own messages (steering included) and tool results."""
-    source = message.source
-    kind = str(source.get("kind"))
-    if kind in ("user", "tool"):
-        return None
-    name = source.get("plugin") if kind == "plugin" else None
-    return f"[context from {kind}:{name}]" if isinstance(name, str) else f"[context from {kind}]"
-
-
-def missing_result_ids(messages: Sequence[Message], index: int) -> list[str]:
-    """The ids of the tool calls of ``messages[index]`` (an assistant message) that no
-    tool-result message answers before the next message that is not a tool result.
-
-    Providers refuse a request whose tool calls lack results; a turn that failed in its
-    tool batch can leave such calls in the history, so the adapters answer them with an
-    error result rather than fail every later request."""
-    calls = [str(b.get("id")) for b in messages[index].content
-             if isinstance(b, FrozenDict) and b.get("type") == "tool-call"]
-    answered: set[str] = set()
-    for later in messages[index + 1:]:
-        if later.source.get("kind") != "tool":
-            break
-        answered.update(str(b.get("toolCallId")) for b in later.content
-                        if isinstance(b, FrozenDict) and b.get("type") == "tool-result")
-    return [call for call in calls if call not in answered]
-
-
-MISSING_RESULT: Final = "Error: no result was recorded for this call"
-
-
-def parse_arguments(text: str) -> Any:
-    """A tool call's argument text as a JSON object for providers that want one (Anthropic):
-    the parsed object, ``{}`` for empty text, else ``{"_raw": text}``."""
-    if not text.strip():
-        return {}
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
-        return {"_raw": text}
-    return value if isinstance(value, dict) else {"_raw": value}
-
-
-def tool_specs(tools: Frozen) -> list[tuple[str, str | None, Any]]:
-    """(name, description, JSON Schema of the parameters) of the header's tool specs."""
-    out: list[tuple[str, str | None, Any]] = []
-    for spec in tools if isinstance(tools, FrozenList) else ():
-        if not isinstance(spec, FrozenDict) or not isinstance(spec.get("name"), str):
-            continue
-        description = spec.get("description")
-        parameters = spec.get("parameters")
-        out.append((str(spec["name"]), description if isinstance(description, str) else None,
-                    thaw(parameters) if isinstance(parameters, FrozenDict)
-                    else {"type": "object", "properties": {}}))
-    return out
-
-
-def system_text(system: Frozen) -> str | None:
-    """The system prompt as text: a string as it is, text blocks joined, anything else as
-    JSON; None when there is none."""
-    if system is None:
-        return None
-    if isinstance(system, str):
-        return system
-    if isinstance(system, FrozenList) and all(
-            isinstance(b, FrozenDict) and b.get("type") == "text" for b in system):
-        return text_of(system)
-    return block_json(system)
-
-
-# --------------------------------------------------------------------------
 # Prompt cancellation: a read is given up as soon as the turn's signal is aborted
 # --------------------------------------------------------------------------
 
@@ -472,10 +397,3 @@ async def until_aborted(source: AsyncIterator[T], signal: Signal) -> AsyncGenera
             return
         yield item
 
-
-def label_text(label: str | None, text: str) -> str:
-    return text if label is None else f"{label}\n{text}" if text else label
-
-
-#: How an adapter labels injected context in a request (`context_label` is the default).
-Labeller = Callable[[Message], "str | None"]

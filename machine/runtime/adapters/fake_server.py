@@ -4,7 +4,10 @@
 ``anthropic`` SDKs: it answers each POST with the next scripted `Reply`
 (server-sent events, an HTTP error, or a stream cut off mid-way) and records
 every request, so adapters are tested through the real SDKs and never the
-network. It needs only the standard library::
+network. Like the providers, it first checks each request body against their rules
+(specs/providers.md W3–W5, `machine.providers.rules`): a body the provider would refuse
+gets the provider's HTTP 400 and error body instead of a scripted reply, and is listed in
+`FakeServer.refusals`. It needs only the standard library::
 
     async with FakeServer() as server:
         server.add(openai_text("hello"))
@@ -31,6 +34,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
+
+from machine.providers.rules import (
+    CHAT,
+    MESSAGES,
+    Dialect,
+    Refusal,
+    chat_refusals,
+    error_body,
+    messages_refusals,
+)
 
 __all__ = ["FakeServer", "RecordedRequest", "Reply", "anthropic_text", "anthropic_tool_calls",
            "openai_text", "openai_tool_calls", "sse_event"]
@@ -121,14 +134,20 @@ class FakeServer:
     """A scripted HTTP server on 127.0.0.1 (see the module docstring).
 
     Replies are served in the order added, whatever the path; when none is left the
-    server answers 500 with an error body saying so."""
+    server answers 500 with an error body saying so. With *refuse* (the default), a request
+    to ``…/chat/completions`` or ``…/messages`` whose body a provider refuses is answered
+    with that provider's 400 (W3) without taking a reply, and recorded in `refusals`."""
 
-    def __init__(self, replies: Iterable[Reply] = (), *, host: str = "127.0.0.1") -> None:
+    def __init__(self, replies: Iterable[Reply] = (), *, host: str = "127.0.0.1",
+                 refuse: bool = True) -> None:
         if host not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError("the fake server listens on the loopback interface only")
         self.host = host
         self.port = 0
+        self.refuse = refuse
         self.requests: list[RecordedRequest] = []
+        #: (the request, the dialect, its refusals) of every request refused (W3)
+        self.refusals: list[tuple[RecordedRequest, Dialect, list[Refusal]]] = []
         self._replies: deque[Reply] = deque(replies)
         self._server: asyncio.base_events.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -230,6 +249,25 @@ class FakeServer:
         return Reply.error(500, {"error": {"message": "the fake server has no scripted reply",
                                            "type": "server_error"}})
 
+    def _refused(self, request: RecordedRequest) -> Reply | None:
+        """The provider's 400 for a request body it refuses (W3), or None."""
+        path = request.path.split("?", 1)[0]
+        dialect: Dialect | None = (CHAT if path.endswith("/chat/completions") else
+                                   MESSAGES if path.endswith("/messages") else None)
+        if dialect is None or request.method != "POST":
+            return None
+        try:
+            body = json.loads(request.body)
+        except ValueError:
+            found = [Refusal("W3", (), "We could not parse the JSON body of your request.")]
+        else:
+            found = chat_refusals(body) if dialect == CHAT else messages_refusals(body)
+        if not found:
+            return None
+        with self._lock:
+            self.refusals.append((request, dialect, found))
+        return Reply.error(400, error_body(dialect, found[0]))
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._connections.add(writer)
         try:
@@ -238,7 +276,9 @@ class FakeServer:
                 if request is None:
                     return
                 self.requests.append(request)
-                if not await self._respond(writer, self._next_reply()):
+                refused = self._refused(request) if self.refuse else None
+                reply = refused if refused is not None else self._next_reply()
+                if not await self._respond(writer, reply):
                     return
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             return

@@ -13,12 +13,15 @@ LiteLLM and the like — through ``base_url``::
 
 What it maps (each in one place below):
 
-* **history** → ``messages``: the system prompt first; user messages; injected
-  context as user messages labelled by their source (``context_label``);
-  assistant messages with their text and ``tool_calls`` (reasoning only with
-  ``send_reasoning``); each tool result as a ``tool`` message. A tool call the
-  history leaves unanswered (a failed batch) gets an error result, so later
-  requests stay valid;
+* **history** → ``messages`` (`machine.providers.chat`, specs/providers.md W2, W4): the
+  system prompt first; user messages; injected context as user messages labelled by their
+  source (``context_label``); assistant messages with their text and ``tool_calls``
+  (reasoning only with ``send_reasoning``); each tool result as a ``tool`` message right
+  after its calls. Every history makes a request the API accepts: a call the history leaves
+  unanswered gets an error result, a message between calls and their results is sent after
+  them, and ids and names the API would refuse are sent in a valid form derived from them.
+  Each message is encoded once per adapter, and the body is posted through the SDK's
+  transport without its per-request transform (W10);
 * **tools** → ``tools`` (``function`` specs with their JSON Schema);
 * **config** → the request: ``model`` and every option of the header's config
   (``max_tokens``, ``temperature``, ...) in the body;
@@ -50,32 +53,27 @@ pending request or read and closes the connection.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from machine.jsonvalue import Frozen, FrozenDict
+from machine.providers.chat import ChatBodies, chat_request, to_openai_messages, wire_name
+from machine.providers.chat import chat_tools as to_openai_tools
+from machine.providers.history import original_names
 from machine.runtime.adapters.common import (
-    MISSING_RESULT,
     NO_KEY,
     Aborted,
     Labeller,
     MalformedEvent,
     SdkErrors,
     adapter_options,
-    block_json,
     context_label,
     event_count,
     event_index,
     finish_chunks,
-    label_text,
-    missing_result_ids,
     race_abort,
     request_options,
     sdk_failure,
-    system_text,
-    text_of,
-    tool_specs,
     until_aborted,
     usage,
 )
@@ -83,10 +81,10 @@ from machine.runtime.adapters.common import api_key as api_key_for
 from machine.runtime.hooks import JsonValue
 from machine.runtime.model import Chunk, ModelCall
 from machine.runtime.retry import RetryPolicy
-from machine.vocabulary import Message
 
 try:
     import openai
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
 except ImportError as missing:                # pragma: no cover - the extra is not installed
     raise ImportError("machine.runtime.adapters.openai needs the openai SDK: "
                       "pip install 'turnstile-agent[openai]'") from missing
@@ -123,7 +121,10 @@ class OpenAIChat:
     * *send_reasoning*: send earlier reasoning back as ``reasoning_content`` (DeepSeek's
       thinking mode with tool calls wants it; other providers refuse unknown fields);
     * *label*: how injected context is labelled (default `context_label`; None: not at all);
-    * *include_usage*: ask for the usage chunk (``stream_options``); some servers refuse it.
+    * *include_usage*: ask for the usage chunk (``stream_options``); some servers refuse it;
+    * *direct*: send the body this adapter encodes (W10) through the client's transport
+      (default: for a plain ``AsyncOpenAI`` client) rather than through the SDK's
+      ``chat.completions.create``, which transforms the whole history on every request.
     """
 
     def __init__(self, model: str, *, provider: str = "openai", base_url: str | None = None,
@@ -131,7 +132,8 @@ class OpenAIChat:
                  client: openai.AsyncOpenAI | None = None,
                  options: Mapping[str, JsonValue] | None = None,
                  retry_policy: RetryPolicy | None = None, send_reasoning: bool = False,
-                 label: Labeller | None = context_label, include_usage: bool = True) -> None:
+                 label: Labeller | None = context_label, include_usage: bool = True,
+                 direct: bool | None = None) -> None:
         self.options = adapter_options(model, provider, options, RESERVED_OPTIONS)
         self.model = model
         self.provider = provider
@@ -140,10 +142,12 @@ class OpenAIChat:
                                         api_key=api_key_for(api_key, "OPENAI_API_KEY", base_url),
                                         timeout=timeout, max_retries=0)
         self.client = client
+        self.direct = type(client) is openai.AsyncOpenAI if direct is None else direct
         self.retry_policy = retry_policy if retry_policy is not None else RetryPolicy()
         self.send_reasoning = send_reasoning
         self.label = label
         self.include_usage = include_usage
+        self._bodies = ChatBodies(send_reasoning=send_reasoning, label=label)
 
     @property
     def default_config(self) -> dict[str, JsonValue]:
@@ -151,33 +155,48 @@ class OpenAIChat:
         return {"provider": self.provider, "model": self.model, **self.options}
 
     def request(self, call: ModelCall) -> dict[str, Any]:
-        """The request body (without ``stream``) for *call*."""
-        config = call.config
-        options = request_options(config, RESERVED_OPTIONS)
-        body: dict[str, Any] = {
-            "model": str(config.get("model") or self.model),
-            "messages": to_openai_messages(call.messages, system=system_text(call.system),
-                                           send_reasoning=self.send_reasoning,
-                                           label=self.label)}
-        tools = to_openai_tools(call.tools)
-        if tools:
-            body["tools"] = tools
-        if self.include_usage:
-            body["stream_options"] = {"include_usage": True}
-        body.update(options)
-        return body
+        """The request body (without ``stream``) for *call*, as JSON values: what `stream`
+        sends (specs/providers.md W4)."""
+        return chat_request(call.header, call.messages, model=self.model,
+                            options=request_options(call.config, RESERVED_OPTIONS),
+                            send_reasoning=self.send_reasoning, label=self.label,
+                            include_usage=self.include_usage)
 
-    async def stream(self, call: ModelCall) -> AsyncIterator[Chunk]:
-        """Stream one request as chunks (see the module docstring)."""
+    def body(self, call: ModelCall) -> bytes:
+        """The request body `stream` sends for *call*, as bytes: `request`'s body with
+        ``stream``, each history message encoded once per adapter (W10)."""
+        bodies = self._bodies
+        if bodies.send_reasoning != self.send_reasoning or bodies.label is not self.label:
+            bodies = self._bodies = ChatBodies(send_reasoning=self.send_reasoning,
+                                               label=self.label)
+        return bodies.body(call.header, call.messages, model=self.model,
+                           options=request_options(call.config, RESERVED_OPTIONS),
+                           include_usage=self.include_usage)
+
+    async def _open(self, call: ModelCall) -> openai.AsyncStream[Any]:
+        """Send the request. The direct path posts `body`'s bytes through the client, so the
+        SDK's transport (auth, base URL, headers, timeout, error types, its streaming) is
+        used without its per-request transform of the whole history (W10); a client of
+        another class (Azure's rewrites its requests' URLs) gets the SDK's own call."""
+        if self.direct:
+            return await self.client.post(
+                "/chat/completions", cast_to=ChatCompletion, content=self.body(call),
+                options={"headers": {"Content-Type": "application/json"}}, stream=True,
+                stream_cls=openai.AsyncStream[ChatCompletionChunk])
         body = self.request(call)
         extra = {key: body.pop(key) for key in list(body)
                  if key not in ("model", "messages", "tools", "stream_options")}
+        opened: openai.AsyncStream[Any] = await self.client.chat.completions.create(
+            stream=True, extra_body=extra or None, **body)
+        return opened
+
+    async def stream(self, call: ModelCall) -> AsyncIterator[Chunk]:
+        """Stream one request as chunks (see the module docstring)."""
         reader = _Reader()
         received = False
         stream: openai.AsyncStream[Any] | None = None
         try:
-            stream = opened = await race_abort(self.client.chat.completions.create(
-                stream=True, extra_body=extra or None, **body), call.signal)
+            stream = opened = await race_abort(self._open(call), call.signal)
             async with contextlib.aclosing(until_aborted(aiter(opened), call.signal)) as chunks:
                 async for chunk in chunks:
                     received = True
@@ -194,10 +213,12 @@ class OpenAIChat:
         finally:
             if stream is not None:
                 await stream.close()
+        names = original_names(call.tools, wire_name)
         for index in sorted(reader.calls):
             pending = reader.calls[index]
             yield {"type": "tool-call", "id": pending.id or f"call-{call.turn}-{call.step}-{index}",
-                   "name": pending.name, "arguments": "".join(pending.arguments)}
+                   "name": names.get(pending.name, pending.name),
+                   "arguments": "".join(pending.arguments)}
         for chunk in finish_chunks(self.provider, reader.finish, reader.figures, _FINISH,
                                    "content_filter"):
             yield chunk
@@ -348,63 +369,3 @@ def _usage(raw: object) -> dict[str, int] | None:
                  reasoning_tokens=_count(completion_details, "reasoning_tokens",
                                          "completion_tokens_details")
                  if completion_details is not None else None)
-
-
-def to_openai_tools(tools: Frozen) -> list[dict[str, Any]]:
-    """The header's tool specs as Chat Completions ``function`` tools."""
-    out: list[dict[str, Any]] = []
-    for name, description, parameters in tool_specs(tools):
-        function: dict[str, Any] = {"name": name, "parameters": parameters}
-        if description:
-            function["description"] = description
-        out.append({"type": "function", "function": function})
-    return out
-
-
-def _user_content(message: Message, label: str | None) -> str:
-    """A user message's content as text: its text blocks, any other block as JSON text,
-    after the context *label* if there is one."""
-    text = "".join(str(b.get("text", "")) if isinstance(b, FrozenDict) and b.get("type") == "text"
-                   else block_json(b) for b in message.content)
-    return label_text(label, text)
-
-
-def to_openai_messages(messages: Iterable[Message], *, system: str | None = None,
-                       send_reasoning: bool = False, label: Labeller | None = context_label
-                       ) -> list[dict[str, Any]]:
-    """The request's history as Chat Completions messages (see the module docstring)."""
-    out: list[dict[str, Any]] = []
-    if system is not None:
-        out.append({"role": "system", "content": system})
-    history: list[Message] = list(messages)
-    for index, message in enumerate(history):
-        kind = message.source.get("kind")
-        if message.role == "system":
-            out.append({"role": "system", "content": text_of(message.content)})
-        elif message.role == "assistant":
-            entry: dict[str, Any] = {"role": "assistant",
-                                     "content": text_of(message.content) or None}
-            calls = [{"id": str(b.get("id")), "type": "function",
-                      "function": {"name": str(b.get("name")),
-                                   "arguments": str(b.get("arguments", ""))}}
-                     for b in message.content
-                     if isinstance(b, FrozenDict) and b.get("type") == "tool-call"]
-            if calls:
-                entry["tool_calls"] = calls
-            reasoning = text_of(message.content, kinds=("reasoning",))
-            if send_reasoning and reasoning:
-                entry["reasoning_content"] = reasoning
-            out.append(entry)
-            out.extend({"role": "tool", "tool_call_id": missing, "content": MISSING_RESULT}
-                       for missing in missing_result_ids(history, index))
-        elif kind == "tool":
-            for block in message.content:
-                if isinstance(block, FrozenDict) and block.get("type") == "tool-result":
-                    content = block.get("content")
-                    out.append({"role": "tool", "tool_call_id": str(block.get("toolCallId")),
-                                "content": text_of(content) if isinstance(content, tuple)
-                                else ""})
-        else:
-            out.append({"role": "user",
-                        "content": _user_content(message, label(message) if label else None)})
-    return out
