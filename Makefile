@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_DEV := $(VENV)/.installed-dev
+STAMP_BENCH := $(VENV)/.installed-bench
 
 .PHONY: demo test lint typecheck pytest diagrams check-deep clean mutation mutation-sample
 
@@ -116,6 +117,10 @@ corpus: $(STAMP_RUN)
 # Benchmarks (issue #8): runs every item in bench/ (one process each) and writes BENCHMARKS.md
 # with the machine description. Takes about 20 minutes; no timing is asserted anywhere.
 # `$(BIN)/python -m bench.run --quick --out /tmp/b.md` is a seconds-long smoke run.
+$(STAMP_BENCH): pyproject.toml setup.py | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	touch $@
+
 .PHONY: bench
-bench: $(STAMP_RUN)
+bench: $(STAMP_RUN) $(STAMP_BENCH)
 	$(BIN)/python -m bench.run

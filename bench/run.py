@@ -25,7 +25,7 @@ from bench.common import Section, load_text, machine_description
 
 ROOT = Path(__file__).resolve().parents[1]
 ITEMS = ("throughput", "runtime", "dispatch", "explore", "oracle", "stores", "memory",
-         "load-memory", "snapshot")
+         "load-memory", "snapshot", "providers")
 
 
 def run_item(name: str, quick: bool, context: dict[str, Any], options: argparse.Namespace
@@ -60,6 +60,9 @@ def run_item(name: str, quick: bool, context: dict[str, Any], options: argparse.
     if name == "snapshot":
         from bench import snapshots
         return snapshots.run(quick)
+    if name == "providers":
+        from bench import providers
+        return providers.run(quick)
     raise ValueError(f"unknown item {name!r}; known: {', '.join(ITEMS)}")
 
 
@@ -160,6 +163,16 @@ def summary(sections: dict[str, Section]) -> list[str]:
         add(f"snapshot + restore of a core with {int(size):,} queued prompts",
             f"{(f['snapshot_s'] + f['restore_s']) * 1e3:.1f} ms (replaying the sends: "
             f"{f['replay_s'] * 1e3:.0f} ms)")
+    if "providers" in sections:
+        figures = sections["providers"].figures.get("summary", {})
+        if "openai_next_ms" in figures:
+            add(f"client CPU per request through OpenAIChat at {figures['size']:,.0f} messages: "
+                "next request / first of a fresh adapter", f"{figures['openai_next_ms']:.1f} ms / "
+                f"{figures['openai_first_ms']:.0f} ms")
+        if "pydantic_ai_over_now" in figures:
+            add("… ÷ pydantic-ai's OpenAI path, same history, same run (next / first)",
+                f"× {figures['pydantic_ai_over_now']:,.0f} / "
+                f"× {figures['pydantic_ai_over_now_first']:,.1f}")
     if "oracle" in sections:
         figures = sections["oracle"].figures
         add(f"verify-trace, {figures['lines']:,}-event trace",

@@ -16,7 +16,8 @@ from bench import run as bench_run  # noqa: E402
 
 SECTIONS = ("## Machine", "## Summary", "## 1. Core throughput", "## 2. The same workloads",
             "## 3. Per-transition dispatch cost", "## 4. Exploration", "## 5. Oracle speed",
-            "## 6. Session stores", "## 7. Memory", "## 8. Memory of a session load")
+            "## 6. Session stores", "## 7. Memory", "## 8. Memory of a session load",
+            "## 10. Provider requests")
 
 
 def test_a_quick_run_writes_every_section(tmp_path: Path) -> None:
@@ -38,6 +39,8 @@ def test_a_quick_run_writes_every_section(tmp_path: Path) -> None:
     assert "before the core's state was explicit" in text or "was not run" in text
     assert "What the implementations' own work costs per state" in text
     assert "ceiling if keys and checks cost nothing" in text
+    # Provider requests: through each adapter, and against the adapters before issue 27
+    assert "| OpenAIChat |" in text and "| AnthropicMessages at 1d2aea6 |" in text
 
 
 def test_an_item_runs_in_its_own_process(tmp_path: Path) -> None:

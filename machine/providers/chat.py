@@ -220,11 +220,8 @@ class ChatBodies:
              stream: bool = True) -> bytes:
         head = _head(header, options or {}, model=model, include_usage=include_usage,
                      stream=stream)
-        history = self._encoder.encode(messages)
         system = system_text(header.get("system"))
-        if system is not None:
-            prefix = dumps({"role": "system", "content": system})
-            history = b"[" + prefix + (b"," + history[1:] if len(history) > 2 else b"]")
-        elif history == b"[]":
-            history = b"[" + dumps(_OPENING) + b"]"
-        return dumps(head)[:-1] + b',"messages":' + history + b"}"
+        return self._encoder.encode(
+            messages, dumps(head)[:-1] + b',"messages":', b"}",
+            first=dumps({"role": "system", "content": system}) if system is not None else b"",
+            empty=dumps(_OPENING))          # W4.1: never no message at all

@@ -245,4 +245,4 @@ class MessagesBodies:
             encoder = self._encoders[mode] = IncrementalEncoder(
                 lambda: MessagesCodec(label=label, tools=mode[0], thinking=mode[1]),
                 lineages=self._lineages)
-        return dumps(head)[:-1] + b',"messages":' + encoder.encode(messages) + b"}"
+        return encoder.encode(messages, dumps(head)[:-1] + b',"messages":', b"}")

@@ -303,7 +303,7 @@ class _ByteSink:
 
     def __init__(self, merges: bool) -> None:
         self.merges = merges
-        self.finished = bytearray()          # each finished wire message and a comma
+        self.finished = bytearray()          # the finished wire messages, comma-separated
         self.open_role: str | None = None
         self.open_parts: list[bytes] = []
         #: a unit's key -> its message and encoded parts, for the units planned again at the
@@ -316,8 +316,7 @@ class _ByteSink:
             return
         if not self.merges:
             for part in encoded:
-                self.finished += part
-                self.finished += b","
+                self._finish(part)
             return
         if role == self.open_role:
             self.open_parts.extend(encoded)
@@ -337,10 +336,14 @@ class _ByteSink:
         self.cache[key] = (unit.message, encoded)
         return encoded
 
+    def _finish(self, message: bytes) -> None:
+        if self.finished:
+            self.finished += b","
+        self.finished += message
+
     def _close_open(self) -> None:
         if self.open_role is not None:
-            self.finished += self._message(self.open_role, self.open_parts)
-            self.finished += b","
+            self._finish(self._message(self.open_role, self.open_parts))
         self.open_role = None
         self.open_parts = []
 
@@ -356,11 +359,14 @@ class _ByteSink:
         self.open_role, self.open_parts = mark[1], mark[2]
         del self.open_parts[mark[3]:]
 
-    def array(self) -> bytes:
-        """The JSON array of every wire message so far."""
+    def items(self) -> list[bytes | bytearray]:
+        """The JSON text of every wire message so far, comma-separated, as pieces to join
+        (the finished ones not copied: join them before the sink changes)."""
+        items: list[bytes | bytearray] = [self.finished] if self.finished else []
         if self.open_role is not None:
-            return b"[" + self.finished + self._message(self.open_role, self.open_parts) + b"]"
-        return b"[" + self.finished[:-1] + b"]" if self.finished else b"[]"
+            opened = self._message(self.open_role, self.open_parts)
+            items += [b",", opened] if items else [opened]
+        return items
 
 
 def _unit_key(unit: Unit) -> tuple[object, ...]:
@@ -387,7 +393,10 @@ class _Lineage:
         self.history: Sequence[Message] = ()
         self.stable = 0
 
-    def encode(self, history: Sequence[Message]) -> bytes:
+    def encode(self, history: Sequence[Message], prefix: bytes, suffix: bytes, first: bytes,
+               empty: bytes) -> bytes:
+        """``prefix`` + the JSON array of *first* (if any) and *history*'s wire messages (or
+        *empty* when there is none) + ``suffix``."""
         planner, sink = self.planner, self.sink
         start = self.stable
         checkpoint = (start, planner.mark(), sink.mark())
@@ -398,7 +407,10 @@ class _Lineage:
         if planner.clean:
             checkpoint = (len(history), planner.mark(), sink.mark())
         planner.finish()
-        body = sink.array()
+        items = sink.items()
+        if first:
+            items = [first, b",", *items] if items else [first]
+        body = b"".join((prefix, b"[", *(items or (empty,)), b"]", suffix))   # the one copy
         # back to the last clean point: what follows it is planned again next time
         self.stable = checkpoint[0]
         planner.rollback(checkpoint[1])
@@ -422,20 +434,24 @@ class IncrementalEncoder:
         self._limit = lineages
         self._lineages: dict[int, tuple[Message, _Lineage]] = {}
 
-    def encode(self, history: Sequence[Message]) -> bytes:
+    def encode(self, history: Sequence[Message], prefix: bytes = b"", suffix: bytes = b"", *,
+               first: bytes = b"", empty: bytes = b"") -> bytes:
+        """``prefix`` + the JSON array of *first* (one wire message's JSON, if given) and
+        *history*'s wire messages, or *empty* when that makes none, + ``suffix``: a request
+        body, built with one copy of the history's bytes."""
         if len(history) == 0:
-            return _Lineage(self._codec()).encode(history)
-        first = history[0]
-        held = self._lineages.pop(id(first), None)
-        if held is not None and held[0] is first and _extends(history, held[1].history,
-                                                               held[1].stable):
+            return _Lineage(self._codec()).encode(history, prefix, suffix, first, empty)
+        opener = history[0]                # a conversation is known by its first message
+        held = self._lineages.pop(id(opener), None)
+        if held is not None and held[0] is opener and _extends(history, held[1].history,
+                                                                held[1].stable):
             lineage = held[1]
         else:
             lineage = _Lineage(self._codec())
-        self._lineages[id(first)] = (first, lineage)     # the most recently used last
+        self._lineages[id(opener)] = (opener, lineage)     # the most recently used last
         while len(self._lineages) > self._limit:
             del self._lineages[next(iter(self._lineages))]
-        return lineage.encode(history)
+        return lineage.encode(history, prefix, suffix, first, empty)
 
 
 def _extends(new: Sequence[Message], old: Sequence[Message], length: int) -> bool:
