@@ -12,6 +12,7 @@ from machine.conformance.checker import run_vector
 from machine.conformance.subjects import LocalSubject
 from machine.conformance.vectors import find_vectors, load_vector
 from machine.core import AgentCore, CoreConfig, CoreSnapshot
+from machine.errors import InvariantError
 from machine.io import Durable, Effect, Output, Send
 from machine.jsonvalue import JsonLike
 from machine.vocabulary import FOLLOWUP
@@ -188,6 +189,42 @@ def test_R4_12_the_symmetric_key_of_queued_messages_keeps_their_contents_and_rep
                                                                       _msg("q", "y"))
     assert _queued_key(_msg("a", "x"), _msg("a", "y")) != _queued_key(_msg("a", "x"),
                                                                       _msg("b", "y"))
+
+
+def _refuse_notes(log: object, event_type: str, data: object) -> str | None:
+    return "notes are refused"
+
+
+def test_R4_12_a_restored_core_has_the_log_rules_of_its_snapshot() -> None:
+    """L15, L10: a rule registered on the original after the snapshot does not reach the
+    restored core, and one registered before it does, however often the snapshot restores."""
+    core = AgentCore(CoreConfig(publish=False))
+    allowing = core.snapshot()
+    core.log.register_rule("x/note", _refuse_notes)
+    refusing = core.snapshot()
+    core.log.register_rule("x/note", lambda *_: None)
+    for _ in range(2):
+        assert AgentCore.restore(allowing).append("x/note", {}).type == "x/note"
+        with pytest.raises(InvariantError, match="notes are refused"):
+            AgentCore.restore(refusing).append("x/note", {})
+    core.append("x/note", {})                               # the original's rule now
+    core.log.register_rule("x/note", _refuse_notes)
+    with pytest.raises(InvariantError, match="notes are refused"):
+        core.copy().append("x/note", {})                    # a copy takes the rules as they are
+
+
+def test_R4_12_snapshots_of_logs_with_different_rules_differ() -> None:
+    """Equal snapshots have equal futures: the same state and events with a rule registered
+    on one log only are different snapshots, with or without the symmetry."""
+    plain = AgentCore(CoreConfig(publish=False))
+    ruled = AgentCore(CoreConfig(publish=False))
+    assert plain.snapshot() == ruled.snapshot()
+    ruled.log.register_rule("x/note", _refuse_notes)
+    assert plain.snapshot() != ruled.snapshot()
+    assert plain.snapshot().key(symmetric=True) != ruled.snapshot().key(symmetric=True)
+    plain.log.register_rule("x/note", _refuse_notes)
+    assert plain.snapshot() == ruled.snapshot()
+    assert hash(plain.snapshot()) == hash(ruled.snapshot())
 
 
 def test_R4_12_restore_takes_only_a_snapshot() -> None:

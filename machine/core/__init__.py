@@ -146,9 +146,10 @@ class CoreSnapshot:
     Two snapshots are equal when everything their futures depend on is equal: the state
     (machines, queues, effects, completions, queued outputs, the loop's frames) and the log's
     events up to the snapshot's position, compared by type, data, surface operation and
-    sources (not by time). They hash alike then. `key(symmetric=True)` also equates states
-    that differ only in the names of their messages (ids renamed in order of appearance),
-    as a model checker's symmetry reduction does."""
+    sources (not by time), and the log's extension rules at the snapshot (L10, by identity).
+    They hash alike then. `key(symmetric=True)` also equates states that differ only in the
+    names of their messages (ids renamed in order of appearance), as a model checker's
+    symmetry reduction does."""
 
     __slots__ = ("_key", "_log", "_mark", "_state")
 
@@ -185,9 +186,11 @@ class CoreSnapshot:
         mean equal futures. O(state + log)."""
         if symmetric:
             ids: dict[str, str] = {}
-            return (state_parts(self._state, ids), log_parts(self._log, self._mark, ids))
+            return (state_parts(self._state, ids), log_parts(self._log, self._mark, ids),
+                    self._mark.rules)
         if self._key is None:
-            self._key = (state_parts(self._state), log_parts(self._log, self._mark))
+            self._key = (state_parts(self._state), log_parts(self._log, self._mark),
+                         self._mark.rules)
         return self._key
 
     def __eq__(self, other: object) -> bool:
