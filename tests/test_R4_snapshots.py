@@ -3,6 +3,8 @@ log's marks and forks they rest on (L15) are tested with the log, in tests/test_
 
 from __future__ import annotations
 
+import copy
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,7 @@ from machine.conformance.checker import run_vector
 from machine.conformance.subjects import LocalSubject
 from machine.conformance.vectors import find_vectors, load_vector
 from machine.core import AgentCore, CoreConfig, CoreSnapshot
-from machine.errors import InvariantError
+from machine.errors import InvariantError, NotPicklableError
 from machine.io import Durable, Effect, Output, Send
 from machine.jsonvalue import JsonLike
 from machine.vocabulary import FOLLOWUP
@@ -32,8 +34,9 @@ def _msg(message_id: str, text: str = "hi") -> dict[str, JsonLike]:
 
 class RestoringSubject(LocalSubject):
     """The core in process, replaced after every input and every output by a core restored
-    from its snapshot (or by its copy, on alternate positions): a vector passes only if every
-    restored core's future is the original's."""
+    from its snapshot, by its copy, or by a core restored from its snapshot pickled and
+    unpickled (in turn): a vector passes only if every restored core's future is the
+    original's."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -42,8 +45,13 @@ class RestoringSubject(LocalSubject):
     def _swap(self) -> None:
         before = self.core
         snapshot = before.snapshot()
-        if self.restored % 2:
+        way = self.restored % 3
+        if way == 1:
             self.core = before.copy()
+        elif way == 2:
+            unpickled = pickle.loads(pickle.dumps(snapshot))
+            assert unpickled == snapshot, "an unpickled snapshot equals the snapshot"
+            self.core = AgentCore.restore(unpickled)
         else:
             self.core = AgentCore.restore(snapshot)
         assert self.core.snapshot() == snapshot, "a restored core equals its snapshot"
@@ -225,6 +233,74 @@ def test_R4_12_snapshots_of_logs_with_different_rules_differ() -> None:
     plain.log.register_rule("x/note", _refuse_notes)
     assert plain.snapshot() == ruled.snapshot()
     assert hash(plain.snapshot()) == hash(ruled.snapshot())
+
+
+def test_R4_12_a_snapshot_pickles_as_a_checkpoint_with_the_same_future() -> None:
+    """A snapshot taken inside a turn, pickled and unpickled, is equal to it and restores
+    (any number of times) to a core with the original's future; its log holds the events up
+    to the snapshot's position only, with the log rules registered then (L15)."""
+    core, effect = _mid_turn()
+    core.log.register_rule("x/note", _refuse_notes)
+    snapshot = core.snapshot()
+    data = pickle.dumps(snapshot)
+    core.log.register_rule("x/note", lambda *_: None)
+    expected = _script(core, effect)                    # the original goes on
+    unpickled = pickle.loads(data)
+    assert isinstance(unpickled, CoreSnapshot) and unpickled == snapshot
+    assert unpickled.key(symmetric=True) == snapshot.key(symmetric=True)
+    assert (unpickled.status, unpickled.log_length, unpickled.pending_queued) == (
+        snapshot.status, snapshot.log_length, snapshot.pending_queued)
+    for _ in range(2):
+        restored = AgentCore.restore(unpickled)
+        assert len(restored.log) == snapshot.log_length
+        with pytest.raises(InvariantError, match="notes are refused"):
+            restored.append("x/note", {})
+    assert _script(AgentCore.restore(unpickled), effect) == expected
+
+
+def _local_clock() -> float:
+    return 0.0
+
+
+@pytest.mark.parametrize(("make", "part"), [
+    (lambda: AgentCore(clock=lambda: 0.0), "the log's clock"),
+    (lambda: AgentCore(mint_id=lambda kind, seq: f"{kind}{seq}"), "the id minting (mint_id)"),
+    (lambda: _with_rule(AgentCore(), lambda *_: None), "the log rule of 'x/note'"),
+], ids=["clock", "mint-id", "log-rule"])
+def test_R4_12_a_snapshot_with_a_part_that_cannot_be_pickled_is_refused_naming_it(
+        make: Any, part: str) -> None:
+    """V9: a typed error naming the part and what to use instead, not the pickler's own
+    error about a lambda; copying the snapshot still works (it is a value: the same one)."""
+    snapshot = make().snapshot()
+    with pytest.raises(NotPicklableError, match="a snapshot cannot be pickled") as caught:
+        pickle.dumps(snapshot)
+    message = str(caught.value)
+    assert f"{part} (<function" in message and "<lambda>" in message
+    assert "module-level functions" in message and "machine.store" in message
+    assert isinstance(caught.value, pickle.PicklingError)
+    assert caught.value.code == "NOT_PICKLABLE"
+    assert copy.deepcopy(snapshot) is snapshot and copy.copy(snapshot) is snapshot
+
+
+def _with_rule(core: AgentCore, check: Any) -> AgentCore:
+    core.log.register_rule("x/note", check)
+    return core
+
+
+def test_R4_12_a_snapshot_with_module_functions_as_its_parts_pickles() -> None:
+    """The other side: a clock, id minting and rule that are module functions pickle by
+    name, and the restored core uses them."""
+    core = AgentCore(CoreConfig(publish=False), clock=_local_clock, mint_id=_mint)
+    core.log.register_rule("x/note", _refuse_notes)
+    restored = AgentCore.restore(pickle.loads(pickle.dumps(core.snapshot())))
+    assert restored._mint is _mint and restored.log._clock is _local_clock
+    assert restored.append("turn/start", {"turn": 1, "trigger": {"kind": "retry"}}).time == 0.0
+    with pytest.raises(InvariantError, match="notes are refused"):
+        restored.append("x/note", {})
+
+
+def _mint(kind: str, seq: int) -> str:
+    return f"{kind}:{seq}"
 
 
 def test_R4_12_restore_takes_only_a_snapshot() -> None:

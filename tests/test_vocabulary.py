@@ -10,6 +10,7 @@ import enum
 import json
 import math
 import operator
+import pickle
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any, get_args
@@ -23,6 +24,7 @@ from machine.errors import (
     DisposedError,
     InvariantError,
     NotJsonCompatibleError,
+    NotPicklableError,
     ProtocolError,
     TurnstileError,
     ValidationError,
@@ -898,6 +900,7 @@ def test_V8_derive_history_of_a_well_formed_event_projects_it() -> None:
     (InvariantError("L1", "x"), "INVARIANT", ()),
     (ProtocolError("x"), "PROTOCOL_ERROR", ()),
     (DisposedError("x"), "AGENT_DISPOSED", ()),
+    (NotPicklableError("x"), "NOT_PICKLABLE", (pickle.PicklingError,)),
 ])
 def test_V9_one_coded_hierarchy(error: TurnstileError, code: str,
                                 bases: tuple[type, ...]) -> None:
