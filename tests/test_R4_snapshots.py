@@ -17,7 +17,8 @@ from machine.core import AgentCore, CoreConfig, CoreSnapshot
 from machine.errors import InvariantError, NotPicklableError
 from machine.io import Durable, Effect, Output, Send
 from machine.jsonvalue import JsonLike
-from machine.vocabulary import FOLLOWUP
+from machine.machines import Inbox, Lifecycle, Outbox, Window
+from machine.vocabulary import FOLLOWUP, Message
 
 CORPUS = Path(__file__).resolve().parent.parent / "specs" / "conformance" / "vectors"
 
@@ -390,3 +391,58 @@ def test_R4_12_copying_a_value_the_core_never_holds_is_refused_each_time() -> No
     for _ in range(2):
         with pytest.raises(TypeError, match=r"a core holds no .*Stranger: cannot copy it"):
             duplicate([Stranger()], {})
+
+
+def _filled_machines() -> list[object]:
+    """Each machine of the core with items in it (R4.1): two queued prompts, one waking;
+    a context and a steering message staged; a window and a lifecycle past their start."""
+    inbox, outbox, window, lifecycle = Inbox(), Outbox(), Window(), Lifecycle()
+    inbox.enqueue(Message.from_json(_msg("q1")), True)
+    inbox.enqueue(Message.from_json(_msg("q2")), False)
+    outbox.stage(Message.from_json(_msg("c1")), False)
+    outbox.stage(Message.from_json(_msg("s1")), True)
+    window.state = "turn"
+    lifecycle.state = "wake_pending"
+    return [inbox, outbox, window, lifecycle]
+
+
+@pytest.mark.parametrize("machine", _filled_machines(), ids=lambda m: type(m).__name__)
+def test_R4_12_a_machine_s_copy_copies_every_slot_and_shares_no_container(machine: Any) -> None:
+    """R4.1: each machine's own `copy` (which the core's copy uses for them) holds every
+    slot equal and no mutable container in common; emptying the copy leaves the original
+    as it was, and emptying the original leaves the copy."""
+    kind = type(machine)
+    copied = machine.copy()
+    assert type(copied) is kind and copied is not machine
+    for name in kind.__slots__:
+        mine, theirs = getattr(machine, name), getattr(copied, name)
+        assert mine == theirs or list(mine) == list(theirs), name
+        if not isinstance(mine, (str, int)):
+            assert mine is not theirs, f"{kind.__name__}.{name} is shared with the copy"
+    if hasattr(machine, "snapshot"):
+        before = machine.snapshot()
+        assert before and copied.snapshot() == before
+        (copied.discard if kind is Inbox else copied.clear)()
+        assert machine.snapshot() == before and len(machine) == len(before)
+        again = machine.copy()
+        (machine.discard if kind is Inbox else machine.clear)()
+        assert again.snapshot() == before and not machine.snapshot()
+
+
+def test_R4_12_a_copy_with_staged_and_queued_input_is_independent_of_the_original() -> None:
+    """R11, R16.2: a core inside a step with steering and context staged and a prompt
+    queued is copied and restored; the original drains and runs on, and each copy, run
+    after it, has the future the original had (nothing of what the original took, or
+    appended, reaches them)."""
+    core, effect = _mid_turn()
+    core.steer(_msg("s1", "turn left"))
+    core.inject({**_msg("c1", "the map"), "source": {"kind": "plugin", "plugin": "atlas"}})
+    assert (core.pending_steering, core.pending_context, core.pending_queued) == (1, 1, 1)
+    copied, snapshot = core.copy(), core.snapshot()
+    expected = _script(core, effect)
+    assert (core.pending_steering, core.pending_context, core.pending_queued) == (0, 0, 0)
+    drained = [o for o in expected if isinstance(o, dict) and o.get("type") == "user/message"]
+    assert drained, "the original drained what was staged"
+    assert (copied.pending_steering, copied.pending_context, copied.pending_queued) == (1, 1, 1)
+    assert _script(copied, effect) == expected
+    assert _script(AgentCore.restore(snapshot), effect) == expected

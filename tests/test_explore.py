@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import os
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -171,6 +172,31 @@ def test_explorer_without_a_model_catches_the_drop_by_the_ledger(
     blind = CONFIGURATIONS["idle"].explorer(with_model=False,
                                             commands=("followup", "inject")).run(3)
     assert blind.failure is None
+
+
+def test_R20_1_the_key_holds_the_model_s_state_when_the_two_logs_agree() -> None:
+    """Two nodes with the same core, the same log in both implementations and the same
+    ledger, but a reference model in another state (a prompt queued, a retry pending: what
+    the log does not show yet) have different keys, so the search never prunes one for the
+    other; an unchanged copy keys alike."""
+    explorer = CONFIGURATIONS["idle"].explorer()
+    path = (("cmd", "followup"), ("macro", "to:model"))
+    node = explorer.replay(path)
+    assert node.other is not None and len(node.core.log) > 0
+    assert explorer.key(explorer.replay(path)) == explorer.key(node)
+    changes: dict[str, Callable[[Any], object]] = {
+        "a prompt queued": lambda model: model.followup({
+            "id": "q9", "role": "user", "content": [], "source": {"kind": "user"}}),
+        "a retry pending": lambda model: setattr(model, "_pending_retry", True),
+        "a prior failure": lambda model: model._prior_failures.append({"message": "x"}),
+    }
+    for what, change in changes.items():
+        other = explorer.replay(path)
+        model: Any = other.other
+        change(model)
+        assert [e.to_json() for e in model.log.events] == [
+            e.to_json() for e in node.core.log.events], "the logs still agree"
+        assert explorer.key(other) != explorer.key(node), what
 
 
 # --------------------------------------------------------------------------

@@ -591,6 +591,25 @@ def test_RT15_anthropic_a_block_index_started_twice_is_a_malformed_response() ->
                        "code": "MALFORMED_RESPONSE"}
 
 
+@pytest.mark.parametrize("make", [openai, claude], ids=["openai", "anthropic"])
+def test_RT15_injected_context_reaches_the_provider_labelled_with_its_plugin(
+        make: Callable[[FakeServer], ModelAdapter]) -> None:
+    """Through the real SDK, in the request the server receives: context a plugin injected
+    before the prompt is sent as user text after the label naming the plugin; the user's
+    own prompt has no label."""
+    context = user_message("c1", "cwd is /tmp", plugin_source("fs"))
+    reply = openai_text("ok") if make is openai else anthropic_text("ok")
+    _, requests = converse([reply], make, setup=lambda agent: agent.inject(context))
+    messages = requests[0].json["messages"]
+    if make is openai:
+        assert messages[1:] == [{"role": "user", "content": "[context from plugin:fs]\ncwd is /tmp"},
+                                {"role": "user", "content": "hi"}]
+    else:
+        assert messages == [{"role": "user", "content": [
+            {"type": "text", "text": "[context from plugin:fs]\ncwd is /tmp"},
+            {"type": "text", "text": "hi"}]}]
+
+
 def test_RT15_anthropic_tool_calls_builder_round_trip() -> None:
     events, requests = converse([anthropic_tool_calls(("t1", "read", '{"path": "x"}'),
                                                       text="reading"),
