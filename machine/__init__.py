@@ -17,6 +17,7 @@ from machine.errors import (
     DisposedError,
     InvariantError,
     NotJsonCompatibleError,
+    NotPicklableError,
     ProtocolError,
     TurnstileError,
     ValidationError,
@@ -43,7 +44,7 @@ __all__ = [
     "FOLLOWUP", "INJECT", "STEER", "AgentCore", "CancelCause", "CodecError", "Control",
     "CoreConfig", "CoreFailedError", "DisposedError", "Durable", "Effect", "ErrorInfo", "Event", "FrozenDict",
     "FrozenList", "InvariantError", "Live", "LiveEvent", "LlmFailure", "Message",
-    "NotJsonCompatibleError", "Output", "ProtocolError", "SendOptions", "SessionLog",
+    "NotJsonCompatibleError", "NotPicklableError", "Output", "ProtocolError", "SendOptions", "SessionLog",
     "ToolResult", "TurnstileError", "ValidationError", "__version__", "freeze", "json_default",
     "plugin_source", "thaw", "user_message",
 ]

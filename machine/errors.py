@@ -7,6 +7,7 @@ also `ValueError`s, as the reference semantics require (§5.1 there).
 
 from __future__ import annotations
 
+import pickle
 from typing import Final
 
 
@@ -62,6 +63,14 @@ class DisposedError(TurnstileError):
     """A command issued after teardown completed (rule R17.3)."""
 
     code = "AGENT_DISPOSED"
+
+
+class NotPicklableError(TurnstileError, pickle.PicklingError):
+    """A value pickled with a part that cannot be (rule R4.12: a snapshot whose clock, id
+    minting or log rule is a lambda or a local function); the message names the part and
+    what to use instead."""
+
+    code = "NOT_PICKLABLE"
 
 
 class CodecError(ValidationError):

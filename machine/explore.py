@@ -28,7 +28,10 @@ and applying one decision; with an implementation that cannot be copied (or
   bookkeeping: ``defaults`` answers every outstanding effect with its default
   variant, ``to:<landmark>`` answers with defaults and pulls until just after
   the next landmark output (a model request, a ``step/end``, a ``turn/end``, a
-  flush), and ``settle`` runs to quiescence.
+  flush), and ``settle`` runs to quiescence; the scenario macro-decisions
+  (`SCENARIOS`: ``block-followup``, ``tool-contexts``) play a sequence that would
+  otherwise cost a decision per answer, offered only while an effect of their kind
+  is outstanding.
 
 Pulling the next output is free: it does not count towards the depth, so
 positions between any two outputs are explored.
@@ -176,8 +179,37 @@ LANDMARKS: dict[str, Callable[[Output], bool]] = {
     "flush": lambda o: isinstance(o, Effect) and o.kind == "flush",
     "tool-execute": lambda o: isinstance(o, Effect) and o.kind == "tool-execute",
 }
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A macro-decision that plays a whole sequence the explorer would otherwise need many
+    decisions for, offered only while an effect of one of its *kinds* is outstanding: it
+    answers the oldest such effect with *first*, issues *command* (if any), then pulls,
+    answering with the defaults but for *answers*, until just after an output *until*
+    names (or until nothing is left to do)."""
+
+    kinds: tuple[str, ...]
+    first: str
+    until: Callable[[Output], bool]
+    answers: dict[str, str] = field(default_factory=dict)
+    command: str | None = None
+
+
+#: The scenario macro-decisions (`Scenario`), by name.
+SCENARIOS: dict[str, Scenario] = {
+    # R7.10, R8.3: a blocked admission followed by a second prompt, which the continue-or-
+    # idle of the same busy interval claims (D1); it stops at that prompt's admission.
+    "block-followup": Scenario(("prompt-submit",), "block",
+                               lambda o: isinstance(o, Effect) and o.kind == "prompt-submit",
+                               command="followup"),
+    # R10.4: each tool body of the batch answers with a result carrying an additional
+    # context; the stages run to the end of the step, whose drain takes the contexts.
+    "tool-contexts": Scenario(("tool-prepare", "tool-execute", "tool-finalize"), "ok",
+                              LANDMARKS["step/end"], answers={"tool-execute": "ctx"}),
+}
 #: Every macro-decision; a prefix may use any of them.
-MACROS = ("defaults", *(f"to:{name}" for name in LANDMARKS), "settle")
+MACROS = ("defaults", *(f"to:{name}" for name in LANDMARKS), "settle", *SCENARIOS)
 #: The macro-decisions a search offers by default (a tool body is reached by answering).
 DEFAULT_MACROS = tuple(m for m in MACROS if m != "to:tool-execute")
 
@@ -252,6 +284,9 @@ class ExploreResult:
     failure: Divergence | None = None
     #: the rule families (machine.reach.FAMILIES) some explored path exercised
     families: set[str] = field(default_factory=set)
+    #: family -> the fewest decisions of a path that exercised it (so the depth minus this
+    #: is how many decisions after it the search explored)
+    first_reached: dict[str, int] = field(default_factory=dict)
     #: (R19 row, command kind) -> how many explored paths issued that command there (paths
     #: whose state another path had reached are counted too: they did issue it)
     cells: dict[tuple[int, str], int] = field(default_factory=dict)
@@ -437,6 +472,10 @@ class Explorer:
         ``to:X``: pull, answering with defaults whenever the core waits, until just after
         the next X output (or until nothing is left to do); ``settle``: the same until the
         core waits with no effect outstanding."""
+        scenario = SCENARIOS.get(name)
+        if scenario is not None:
+            self._scenario(node, scenario)
+            return
         if name == "defaults":
             for effect in node.core.outstanding():
                 node.fresh += 1
@@ -444,11 +483,18 @@ class Explorer:
                                                 f"m{node.fresh}"):
                     self.feed(node, item)
             return
-        landmark = LANDMARKS[name[3:]] if name.startswith("to:") else None
+        self._run_until(node, LANDMARKS[name[3:]] if name.startswith("to:") else None,
+                        self.defaults)
+
+    def _run_until(self, node: Node, until: Callable[[Output], bool] | None,
+                   answers: dict[str, str]) -> None:
+        """Pull, answering the oldest outstanding effect with its variant in *answers*
+        whenever the core waits, until just after an output *until* names (None: until the
+        core waits with nothing outstanding)."""
         while len(node.outputs) < self.max_outputs:
             output = self.pull(node)
             if output is not None:
-                if landmark is not None and landmark(output):
+                if until is not None and until(output):
                     return
                 continue
             node.monitor.poll(quiet=True)
@@ -457,8 +503,24 @@ class Explorer:
                 return
             effect = outstanding[0]
             node.fresh += 1
-            for item in self._answer_inputs(effect, self.defaults[effect.kind], f"m{node.fresh}"):
+            for item in self._answer_inputs(effect, answers[effect.kind], f"m{node.fresh}"):
                 self.feed(node, item)
+
+    def _scenario(self, node: Node, scenario: Scenario) -> None:
+        """Play *scenario* (see `Scenario`)."""
+        effect = next((e for e in node.core.outstanding() if e.kind in scenario.kinds), None)
+        if effect is None:
+            raise Divergence("explorer bug: a scenario with nothing to answer", node.steps)
+        node.fresh += 1
+        variant = scenario.first if effect.kind == scenario.kinds[0] else self.defaults[
+            effect.kind]
+        for item in self._answer_inputs(effect, scenario.answers.get(effect.kind, variant),
+                                        f"m{node.fresh}"):
+            self.feed(node, item)
+        if scenario.command is not None:
+            node.fresh += 1
+            self.feed(node, COMMANDS[scenario.command](f"m{node.fresh}"))
+        self._run_until(node, scenario.until, {**self.defaults, **scenario.answers})
 
     def _answer_inputs(self, effect: Effect, variant: str, fresh: str) -> list[Input]:
         inputs: list[Input] = []
@@ -573,7 +635,8 @@ class Explorer:
             for variant in self.answers.get(kind, ()):
                 result.append((("ans", kind, variant), 1))
         if outstanding:
-            result.extend((("macro", name), 1) for name in self.macros)
+            result.extend((("macro", name), 1) for name in self.macros
+                          if name not in SCENARIOS or seen.intersection(SCENARIOS[name].kinds))
         return result
 
     def _probe(self, node: Node, actions: tuple[Action, ...]) -> list[tuple[Action, int]]:
@@ -672,7 +735,10 @@ class Explorer:
                 result.failure = Divergence(f"{type(error).__name__}: {error}",
                                             replay_steps(self, actions))
                 break
-            result.families |= node.families.reached
+            if not node.families.reached <= result.families:
+                for family in node.families.reached - result.families:
+                    result.first_reached[family] = cost
+                result.families |= node.families.reached
             if node.last_cell is not None:   # this path issued a command at a classified row
                 result.cells[node.last_cell] = result.cells.get(node.last_cell, 0) + 1
             if not fresh:
@@ -739,6 +805,7 @@ class Configuration:
     prefix: tuple[Action, ...] = ()
     commands: tuple[str, ...] = DEFAULT_COMMANDS
     answers: dict[str, tuple[str, ...]] | None = None
+    macros: tuple[str, ...] = DEFAULT_MACROS
     ci_depth: int = 4
     deep_depth: int = 6
 
@@ -752,7 +819,8 @@ class Configuration:
                 return reference_model(config, SessionLog(seed, clock=_counter()))
         options: dict[str, Any] = {"config": self.config, "seed": self.seed,
                                    "prefix": self.prefix, "commands": self.commands,
-                                   "answers": self.answers, "other": other}
+                                   "answers": self.answers, "macros": self.macros,
+                                   "other": other}
         options.update(overrides)
         return Explorer(**options)
 
@@ -762,8 +830,17 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
     Configuration("idle", "a fresh agent: routing, wake, admission, turns, cancels, retries",
                   _PLAIN, ci_depth=5, deep_depth=6),
     Configuration("turn", "inside a turn, the model request outstanding: every position of a "
-                  "step, tool calls, request failures and retries, cancels of each kind",
+                  "step, tool calls, request failures and retries, cancels of each kind, "
+                  "dispose included",
                   _PLAIN, prefix=(("cmd", "followup"), ("macro", "to:model")),
+                  commands=ALL_COMMANDS, ci_depth=3, deep_depth=4),
+    Configuration("recovering", "a failed turn's recovery, its request-error point "
+                  "outstanding: the retry authorized or not, cancels and dispose before "
+                  "and after it and through the flush (D2), the retry run failing again "
+                  "(a chain of failures)",
+                  _PLAIN, prefix=(("cmd", "followup"), ("macro", "to:model"),
+                                  ("ans", "model", "fail")),
+                  commands=("followup", "steer", "inject", "cancel", "dispose"),
                   ci_depth=3, deep_depth=4),
     Configuration("parallel", "a batch of three parallel calls with max_parallel_tool_calls 2: "
                   "the pool, its limit, aborts before and after dispatch",
@@ -773,6 +850,8 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
                           ("macro", "to:tool-execute")),
                   commands=("steer", "inject", "cancel", "cancel-parent"),
                   answers={"model": ("text",), "tool-execute": ("ok", "raise")},
+                  # tool contexts are explored in the idle and turn configurations
+                  macros=tuple(m for m in DEFAULT_MACROS if m != "tool-contexts"),
                   ci_depth=3, deep_depth=4),
     Configuration("seeded", "resuming a finished session (seeded log, session start resume), "
                   "dispose included",

@@ -324,8 +324,9 @@ def validate_events(events: Iterable[Event]) -> Violation | None:
 
 @dataclass(frozen=True, slots=True)
 class LogMark:
-    """A position of a `SessionLog` (`SessionLog.mark`): its length and the checker state
-    there, so that `SessionLog.fork` can give back the log as it was. Compares by value."""
+    """A position of a `SessionLog` (`SessionLog.mark`): its length, the checker state
+    there and the extension rules registered then (by event type), so that `SessionLog.fork`
+    can give back the log as it was. Compares by value (a rule by identity)."""
 
     length: int
     open_turn: int | None
@@ -336,6 +337,7 @@ class LogMark:
     last_header: FrozenDict | None
     generations: int
     entries: int
+    rules: tuple[tuple[str, EventRule], ...] = ()
 
 
 class SessionLog:
@@ -350,7 +352,10 @@ class SessionLog:
                  clock: Callable[[], float] | None = None) -> None:
         self._clock: Callable[[], float] = clock if clock is not None else _wall_clock_ms
         self._records: list[EventRecord] = []
+        # Extension rules (L10). Why both are replaced on registering, never changed in
+        # place: a mark takes them by reference in O(1) and keeps them as they were (L15).
         self._rules: dict[str, EventRule] = {}
+        self._rule_table: tuple[tuple[str, EventRule], ...] = ()
         # Incremental checker state (L4–L8): O(1) per append.
         self._open_turn: int | None = None
         self._open_step: int | None = None
@@ -418,17 +423,18 @@ class SessionLog:
 
     def mark(self) -> LogMark:
         """The log's position now, as a value: what `fork` needs to give back the log as it
-        is now, however much is appended later (the log is append-only). O(1)."""
+        is now, however much is appended later (the log is append-only) and whatever rules
+        are registered later. O(1)."""
         last = self._generations[-1]
         return LogMark(len(self._records), self._open_turn, self._open_step, self._last_turn,
                        self._last_step, frozenset(self._step_calls), self._last_header,
-                       len(self._generations), len(last.keys))
+                       len(self._generations), len(last.keys), self._rule_table)
 
     def fork(self, mark: LogMark | None = None) -> SessionLog:
         """An independent log holding this log's events up to *mark* (all if None), with the
-        same clock and extension rules and no observers: appends to either log never reach
-        the other. O(events) references copied; nothing is re-checked or re-encoded.
-        `ValueError` if *mark* is not a position of this log."""
+        same clock, the extension rules registered when *mark* was taken and no observers:
+        appends to either log never reach the other. O(events) references copied; nothing is
+        re-checked or re-encoded. `ValueError` if *mark* is not a position of this log."""
         if mark is None:
             mark = self.mark()
         elif (type(mark) is not LogMark or mark.length > len(self._records)
@@ -437,7 +443,8 @@ class SessionLog:
         fork = SessionLog.__new__(SessionLog)
         fork._clock = self._clock
         fork._records = self._records[:mark.length]
-        fork._rules = dict(self._rules)
+        fork._rules = dict(mark.rules)
+        fork._rule_table = mark.rules
         fork._open_turn, fork._open_step = mark.open_turn, mark.open_step
         fork._last_turn, fork._last_step = mark.last_turn, mark.last_step
         fork._step_calls = set(mark.step_calls)
@@ -471,7 +478,9 @@ class SessionLog:
         if event_type in _RULE_OF_TYPE:
             raise ValidationError("event_type", f"{shown(event_type)} is a core event type; "
                                   "its rules cannot be overridden")
-        self._rules[event_type] = check
+        rules = {**self._rules, event_type: check}
+        self._rules = rules
+        self._rule_table = tuple(sorted(rules.items(), key=lambda item: item[0]))
 
     # -- appending ------------------------------------------------------------
 

@@ -252,6 +252,8 @@ FAMILIES: Final[dict[str, str]] = {
     "R7": "an admission (prompt-submit)",
     "R7.10": "a rejected admission's tail",
     "R8": "a turn",
+    "R8.3-after-rejection": "a run started after a rejected admission of its busy interval, "
+                            "draining the steering that admission kept staged",
     "R9": "a step",
     "R9.6-resume": "a first header written with reason resume (seeded log)",
     "R10": "a tool batch",
@@ -260,17 +262,24 @@ FAMILIES: Final[dict[str, str]] = {
     "R10.7": "a synthetic aborted-before-dispatch result",
     "R10.9": "a tool stage that raised",
     "R10.11": "a dispatched call committed as ABORTED",
+    "R10.4-contexts": "a tool result committed with additional contexts (staged as context)",
     "R11": "a steering item drained into a turn",
     "R12": "a flush",
     "R12.4": "a failed flush",
     "R12.5": "a settlement",
     "R13": "recovery from a request failure",
+    "R13.2.3": "a retry authorized after a cancel aborted the failed step's signal",
     "R13.3": "a retry run",
+    "R13.4-chain": "a failure chain: a request failure of a retry run, recovered with the "
+                   "earlier failure as a prior failure",
+    "R13.5-flush": "an effective cancel while a failed turn's flush is outstanding and its "
+                   "retry pending (D2)",
     "R14": "a max-tokens step",
     "R15.1": "a turn ended aborted or disposed",
     "R15.2": "a request failure classified",
     "R16": "an effective cancel",
     "R16.3": "a second effective cancel of one activity (the first cause stays)",
+    "R16.3-dispose": "a cancel of an activity a dispose aborted (the dispose's cause stays)",
     "R16.5": "an effective keepInbox cancel",
     "R17": "a teardown",
 }
@@ -290,7 +299,13 @@ class FamilyTracker:
         self._executing: set[int] = set()
         self._beyond_limit: set[str] = set()   # call ids placed past the limit of their pool
         self._aborted = False                  # the current owner has been aborted
+        self._aborted_by: object = None        # the kind of the cause it was aborted with
         self._keep_inbox = False               # the last cancel issued had keepInbox
+        self._rejected = False                 # a rejected admission in this busy interval
+        self._after_rejection = False          # a run start after one, until its first step
+        self._retry_pending = False            # a failed turn's retry authorized, not aborted
+        self._flushing: int | None = None      # the flush effect outstanding
+        self._contexts = False                 # a finalized result with contexts to commit
 
     def input(self, item: Input, *, window_open: bool) -> None:
         kind = command_kind(item)
@@ -302,14 +317,26 @@ class FamilyTracker:
             self._keep_inbox = kind == "cancel-keepInbox"
         if isinstance(item, (Resolve, Raise)):
             self._executing.discard(item.effect)
-            if isinstance(item, Raise) and self._effects.get(item.effect, "").startswith("tool-"):
+            effect = self._effects.get(item.effect, "")
+            if item.effect == self._flushing:
+                self._flushing = None
+            if isinstance(item, Raise) and effect.startswith("tool-"):
                 self.reached.add("R10.9")
+            elif isinstance(item, Resolve) and effect == REQUEST_ERROR \
+                    and _field(item.value, "kind") == "retry":
+                if self._aborted:
+                    self.reached.add("R13.2.3")
+                self._retry_pending = not self._aborted
+            elif isinstance(item, Resolve) and effect == TOOL_FINALIZE:
+                self._contexts = bool(_field(item.value, "additionalContexts"))
 
     def output(self, output: Output) -> None:
         if isinstance(output, Effect):
             self._effect(output)
         elif isinstance(output, Control):
             if output.kind == "abort":
+                if not self._aborted:
+                    self._aborted_by = _field(output.payload.get("reason"), "kind")
                 self._aborted = True
         elif isinstance(output, Live):
             self._live(output.event.type, output.event.payload)
@@ -326,6 +353,7 @@ class FamilyTracker:
             else:
                 add("R7.10")
                 self._aborted = False          # the admission owner is gone (R7.8)
+                self._rejected = True
         elif kind == PROMPT_SUBMIT:
             add("R7")
         elif kind == TOOL_EXECUTE:
@@ -336,9 +364,13 @@ class FamilyTracker:
                 add("R10.2-limit")
         elif kind == REQUEST_ERROR:
             add("R13")
+            prior = output.payload.get("priorFailures")
+            if isinstance(prior, FrozenList) and prior:
+                add("R13.4-chain")
         elif kind == FLUSH:
             add("R12")
             self._aborted = False              # the run owner is gone (R8.7)
+            self._flushing = output.id
 
     def _live(self, kind: str, payload: FrozenDict) -> None:
         add = self.reached.add
@@ -350,12 +382,19 @@ class FamilyTracker:
             add("R16")
             if self._aborted:
                 add("R16.3")
+                if self._aborted_by == "disposed":
+                    add("R16.3-dispose")
             if self._keep_inbox:
                 add("R16.5")
+            if self._retry_pending and self._flushing is not None:
+                add("R13.5-flush")
+            self._retry_pending = False        # an effective cancel removes it (R13.5)
         elif kind == ev.WARNING and str(payload.get("text", "")).startswith("session flush"):
             add("R12.4")
         elif kind == ev.SETTLED:
             add("R12.5")
+        elif kind == ev.STATUS and payload.get("status") == "idle":
+            self._rejected = False             # the busy interval ended
         elif kind == ev.AGENT_DISPOSED:
             add("R17")
 
@@ -367,11 +406,15 @@ class FamilyTracker:
         if kind == ev.TURN_START:
             add("R8")
             self._aborted = False              # a fresh run controller (R8.1)
+            self._retry_pending = False
             trigger = data.get("trigger")
             if isinstance(trigger, FrozenDict) and trigger.get("kind") == "retry":
                 add("R13.3")
+            self._after_rejection = self._rejected and not (
+                isinstance(trigger, FrozenDict) and trigger.get("kind") == "retry")
         elif kind == ev.STEP_START:
             add("R9")
+            self._after_rejection = False
         elif kind == ev.REQUEST_HEADER and data.get("reason") == "resume":
             add("R9.6-resume")
         elif kind == ev.ASSISTANT_MESSAGE:
@@ -379,6 +422,9 @@ class FamilyTracker:
         elif kind == ev.TOOL_CALL:
             add("R10")
         elif kind == ev.TOOL_RESULT:
+            if self._contexts:
+                add("R10.4-contexts")
+                self._contexts = False
             error = data.get("error")
             code = error.get("code") if isinstance(error, FrozenDict) else None
             if code == "ABORTED_BEFORE_DISPATCH":
@@ -387,6 +433,8 @@ class FamilyTracker:
                 add("R10.11")
         elif kind == ev.STEERING_MESSAGE:
             add("R11")
+            if self._after_rejection:
+                add("R8.3-after-rejection")
         elif kind == ev.ASSISTANT_CHUNK:
             chunk = data.get("chunk")
             if isinstance(chunk, FrozenDict) and chunk.get("type") == "finish" \
@@ -419,3 +467,9 @@ class FamilyTracker:
 
     def missing(self, families: Iterable[str] = FAMILIES) -> list[str]:
         return [family for family in families if family not in self.reached]
+
+
+def _field(value: object, name: str) -> object:
+    """The field *name* of a completion's value or of a payload's part in their JSON form
+    (a mapping); None for anything else."""
+    return value.get(name) if isinstance(value, Mapping) else None

@@ -3,6 +3,8 @@ log's marks and forks they rest on (L15) are tested with the log, in tests/test_
 
 from __future__ import annotations
 
+import copy
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +14,11 @@ from machine.conformance.checker import run_vector
 from machine.conformance.subjects import LocalSubject
 from machine.conformance.vectors import find_vectors, load_vector
 from machine.core import AgentCore, CoreConfig, CoreSnapshot
+from machine.errors import InvariantError, NotPicklableError
 from machine.io import Durable, Effect, Output, Send
 from machine.jsonvalue import JsonLike
-from machine.vocabulary import FOLLOWUP
+from machine.machines import Inbox, Lifecycle, Outbox, Window
+from machine.vocabulary import FOLLOWUP, Message
 
 CORPUS = Path(__file__).resolve().parent.parent / "specs" / "conformance" / "vectors"
 
@@ -31,8 +35,9 @@ def _msg(message_id: str, text: str = "hi") -> dict[str, JsonLike]:
 
 class RestoringSubject(LocalSubject):
     """The core in process, replaced after every input and every output by a core restored
-    from its snapshot (or by its copy, on alternate positions): a vector passes only if every
-    restored core's future is the original's."""
+    from its snapshot, by its copy, or by a core restored from its snapshot pickled and
+    unpickled (in turn): a vector passes only if every restored core's future is the
+    original's."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -41,8 +46,13 @@ class RestoringSubject(LocalSubject):
     def _swap(self) -> None:
         before = self.core
         snapshot = before.snapshot()
-        if self.restored % 2:
+        way = self.restored % 3
+        if way == 1:
             self.core = before.copy()
+        elif way == 2:
+            unpickled = pickle.loads(pickle.dumps(snapshot))
+            assert unpickled == snapshot, "an unpickled snapshot equals the snapshot"
+            self.core = AgentCore.restore(unpickled)
         else:
             self.core = AgentCore.restore(snapshot)
         assert self.core.snapshot() == snapshot, "a restored core equals its snapshot"
@@ -190,6 +200,110 @@ def test_R4_12_the_symmetric_key_of_queued_messages_keeps_their_contents_and_rep
                                                                       _msg("b", "y"))
 
 
+def _refuse_notes(log: object, event_type: str, data: object) -> str | None:
+    return "notes are refused"
+
+
+def test_R4_12_a_restored_core_has_the_log_rules_of_its_snapshot() -> None:
+    """L15, L10: a rule registered on the original after the snapshot does not reach the
+    restored core, and one registered before it does, however often the snapshot restores."""
+    core = AgentCore(CoreConfig(publish=False))
+    allowing = core.snapshot()
+    core.log.register_rule("x/note", _refuse_notes)
+    refusing = core.snapshot()
+    core.log.register_rule("x/note", lambda *_: None)
+    for _ in range(2):
+        assert AgentCore.restore(allowing).append("x/note", {}).type == "x/note"
+        with pytest.raises(InvariantError, match="notes are refused"):
+            AgentCore.restore(refusing).append("x/note", {})
+    core.append("x/note", {})                               # the original's rule now
+    core.log.register_rule("x/note", _refuse_notes)
+    with pytest.raises(InvariantError, match="notes are refused"):
+        core.copy().append("x/note", {})                    # a copy takes the rules as they are
+
+
+def test_R4_12_snapshots_of_logs_with_different_rules_differ() -> None:
+    """Equal snapshots have equal futures: the same state and events with a rule registered
+    on one log only are different snapshots, with or without the symmetry."""
+    plain = AgentCore(CoreConfig(publish=False))
+    ruled = AgentCore(CoreConfig(publish=False))
+    assert plain.snapshot() == ruled.snapshot()
+    ruled.log.register_rule("x/note", _refuse_notes)
+    assert plain.snapshot() != ruled.snapshot()
+    assert plain.snapshot().key(symmetric=True) != ruled.snapshot().key(symmetric=True)
+    plain.log.register_rule("x/note", _refuse_notes)
+    assert plain.snapshot() == ruled.snapshot()
+    assert hash(plain.snapshot()) == hash(ruled.snapshot())
+
+
+def test_R4_12_a_snapshot_pickles_as_a_checkpoint_with_the_same_future() -> None:
+    """A snapshot taken inside a turn, pickled and unpickled, is equal to it and restores
+    (any number of times) to a core with the original's future; its log holds the events up
+    to the snapshot's position only, with the log rules registered then (L15)."""
+    core, effect = _mid_turn()
+    core.log.register_rule("x/note", _refuse_notes)
+    snapshot = core.snapshot()
+    data = pickle.dumps(snapshot)
+    core.log.register_rule("x/note", lambda *_: None)
+    expected = _script(core, effect)                    # the original goes on
+    unpickled = pickle.loads(data)
+    assert isinstance(unpickled, CoreSnapshot) and unpickled == snapshot
+    assert unpickled.key(symmetric=True) == snapshot.key(symmetric=True)
+    assert (unpickled.status, unpickled.log_length, unpickled.pending_queued) == (
+        snapshot.status, snapshot.log_length, snapshot.pending_queued)
+    for _ in range(2):
+        restored = AgentCore.restore(unpickled)
+        assert len(restored.log) == snapshot.log_length
+        with pytest.raises(InvariantError, match="notes are refused"):
+            restored.append("x/note", {})
+    assert _script(AgentCore.restore(unpickled), effect) == expected
+
+
+def _local_clock() -> float:
+    return 0.0
+
+
+@pytest.mark.parametrize(("make", "part"), [
+    (lambda: AgentCore(clock=lambda: 0.0), "the log's clock"),
+    (lambda: AgentCore(mint_id=lambda kind, seq: f"{kind}{seq}"), "the id minting (mint_id)"),
+    (lambda: _with_rule(AgentCore(), lambda *_: None), "the log rule of 'x/note'"),
+], ids=["clock", "mint-id", "log-rule"])
+def test_R4_12_a_snapshot_with_a_part_that_cannot_be_pickled_is_refused_naming_it(
+        make: Any, part: str) -> None:
+    """V9: a typed error naming the part and what to use instead, not the pickler's own
+    error about a lambda; copying the snapshot still works (it is a value: the same one)."""
+    snapshot = make().snapshot()
+    with pytest.raises(NotPicklableError, match="a snapshot cannot be pickled") as caught:
+        pickle.dumps(snapshot)
+    message = str(caught.value)
+    assert f"{part} (<function" in message and "<lambda>" in message
+    assert "module-level functions" in message and "machine.store" in message
+    assert isinstance(caught.value, pickle.PicklingError)
+    assert caught.value.code == "NOT_PICKLABLE"
+    assert copy.deepcopy(snapshot) is snapshot and copy.copy(snapshot) is snapshot
+
+
+def _with_rule(core: AgentCore, check: Any) -> AgentCore:
+    core.log.register_rule("x/note", check)
+    return core
+
+
+def test_R4_12_a_snapshot_with_module_functions_as_its_parts_pickles() -> None:
+    """The other side: a clock, id minting and rule that are module functions pickle by
+    name, and the restored core uses them."""
+    core = AgentCore(CoreConfig(publish=False), clock=_local_clock, mint_id=_mint)
+    core.log.register_rule("x/note", _refuse_notes)
+    restored = AgentCore.restore(pickle.loads(pickle.dumps(core.snapshot())))
+    assert restored._mint is _mint and restored.log._clock is _local_clock
+    assert restored.append("turn/start", {"turn": 1, "trigger": {"kind": "retry"}}).time == 0.0
+    with pytest.raises(InvariantError, match="notes are refused"):
+        restored.append("x/note", {})
+
+
+def _mint(kind: str, seq: int) -> str:
+    return f"{kind}:{seq}"
+
+
 def test_R4_12_restore_takes_only_a_snapshot() -> None:
     with pytest.raises(TypeError, match="CoreSnapshot"):
         AgentCore.restore(AgentCore())  # type: ignore[arg-type]
@@ -277,3 +391,58 @@ def test_R4_12_copying_a_value_the_core_never_holds_is_refused_each_time() -> No
     for _ in range(2):
         with pytest.raises(TypeError, match=r"a core holds no .*Stranger: cannot copy it"):
             duplicate([Stranger()], {})
+
+
+def _filled_machines() -> list[object]:
+    """Each machine of the core with items in it (R4.1): two queued prompts, one waking;
+    a context and a steering message staged; a window and a lifecycle past their start."""
+    inbox, outbox, window, lifecycle = Inbox(), Outbox(), Window(), Lifecycle()
+    inbox.enqueue(Message.from_json(_msg("q1")), True)
+    inbox.enqueue(Message.from_json(_msg("q2")), False)
+    outbox.stage(Message.from_json(_msg("c1")), False)
+    outbox.stage(Message.from_json(_msg("s1")), True)
+    window.state = "turn"
+    lifecycle.state = "wake_pending"
+    return [inbox, outbox, window, lifecycle]
+
+
+@pytest.mark.parametrize("machine", _filled_machines(), ids=lambda m: type(m).__name__)
+def test_R4_12_a_machine_s_copy_copies_every_slot_and_shares_no_container(machine: Any) -> None:
+    """R4.1: each machine's own `copy` (which the core's copy uses for them) holds every
+    slot equal and no mutable container in common; emptying the copy leaves the original
+    as it was, and emptying the original leaves the copy."""
+    kind = type(machine)
+    copied = machine.copy()
+    assert type(copied) is kind and copied is not machine
+    for name in kind.__slots__:
+        mine, theirs = getattr(machine, name), getattr(copied, name)
+        assert mine == theirs or list(mine) == list(theirs), name
+        if not isinstance(mine, (str, int)):
+            assert mine is not theirs, f"{kind.__name__}.{name} is shared with the copy"
+    if hasattr(machine, "snapshot"):
+        before = machine.snapshot()
+        assert before and copied.snapshot() == before
+        (copied.discard if kind is Inbox else copied.clear)()
+        assert machine.snapshot() == before and len(machine) == len(before)
+        again = machine.copy()
+        (machine.discard if kind is Inbox else machine.clear)()
+        assert again.snapshot() == before and not machine.snapshot()
+
+
+def test_R4_12_a_copy_with_staged_and_queued_input_is_independent_of_the_original() -> None:
+    """R11, R16.2: a core inside a step with steering and context staged and a prompt
+    queued is copied and restored; the original drains and runs on, and each copy, run
+    after it, has the future the original had (nothing of what the original took, or
+    appended, reaches them)."""
+    core, effect = _mid_turn()
+    core.steer(_msg("s1", "turn left"))
+    core.inject({**_msg("c1", "the map"), "source": {"kind": "plugin", "plugin": "atlas"}})
+    assert (core.pending_steering, core.pending_context, core.pending_queued) == (1, 1, 1)
+    copied, snapshot = core.copy(), core.snapshot()
+    expected = _script(core, effect)
+    assert (core.pending_steering, core.pending_context, core.pending_queued) == (0, 0, 0)
+    drained = [o for o in expected if isinstance(o, dict) and o.get("type") == "user/message"]
+    assert drained, "the original drained what was staged"
+    assert (copied.pending_steering, copied.pending_context, copied.pending_queued) == (1, 1, 1)
+    assert _script(copied, effect) == expected
+    assert _script(AgentCore.restore(snapshot), effect) == expected

@@ -277,6 +277,39 @@ def test_PROTOCOL_3_a_port_that_exits_while_a_child_holds_its_output_is_reported
     assert _gone(int(pidfile.read_text()))
 
 
+def _setsid_wrapped(tmp_path: Path, port: str, *, streams: str = "") -> tuple[str, Path]:
+    """A wrapper whose helper leaves the port's session and process group (``setsid``),
+    keeping the port's standard streams unless *streams* redirects them, then becomes
+    *port*. Returns the command and where the helper's pid is written."""
+    pidfile = tmp_path / "helper.pid"
+    script = f"setsid sleep 600 {streams} & echo $! > {shlex.quote(str(pidfile))}; exec {port}"
+    return shlex.join(["sh", "-c", script]), pidfile
+
+
+def test_PROTOCOL_3_a_helper_that_leaves_the_group_and_keeps_the_output_is_ended(
+        tmp_path: Path) -> None:
+    """PROTOCOL.md §3 (the checker ends what left the group but holds the port's streams;
+    a regression of issue 28): a correct port whose helper calls setsid() and keeps its
+    output passes, and the helper does not outlive the checker (it was left running, and
+    each vector waited for its output to end)."""
+    port, pidfile = _setsid_wrapped(tmp_path, command("-m", "machine.cli", "adapter"))
+    status, out, err = run_check([A1, A5], port)
+    assert (status, out, err) == (0, "2 passed, 0 failed\n", "")
+    assert _gone(int(pidfile.read_text()))
+
+
+def test_PROTOCOL_3_a_hung_port_s_helper_in_a_session_of_its_own_is_ended(
+        tmp_path: Path) -> None:
+    """PROTOCOL.md §3 (descendants of the port's processes are ended too): the helper left
+    the session and holds none of the port's streams, but its parent (the port) still runs
+    when the checker gives up on it."""
+    port, pidfile = _setsid_wrapped(tmp_path, wrong_port("--bug", "hang"),
+                                    streams="</dev/null >/dev/null 2>&1")
+    status, out, _ = run_check([A1], port, timeout=2.0)
+    assert status == 4 and 'no reply within 2s in reply to {"op":"start"' in out
+    assert _gone(int(pidfile.read_text()))
+
+
 @pytest.mark.parametrize("bug", ["huge-line", "endless"])
 def test_PROTOCOL_3_a_port_flooding_its_output_exits_4_without_a_traceback(bug: str) -> None:
     """PROTOCOL.md §3 (a reply line longer than 16 MiB, at most 256 lines read ahead):

@@ -1673,3 +1673,42 @@ def test_L15_a_fork_keeps_the_derived_history_at_its_mark() -> None:
     fork.append("user/message", _l15_message("u3"), surface_op="append")
     assert [m.id for m in fork.history(len(fork))] == ["u1", "u3"]
     assert [m.id for m in log.history(len(log))] == ["u1", "u2"]
+
+
+def _refuse_notes(log: SessionLog, event_type: str, data: object) -> str | None:
+    return "notes are refused"
+
+
+def test_L15_a_fork_has_the_extension_rules_of_its_mark_not_those_registered_later() -> None:
+    """L10: rules registered on the log after the mark, or on the fork, stay where they were
+    registered; a rule replaced after the mark is the old one in the fork."""
+    log = SessionLog()
+    bare = log.mark()
+    log.register_rule("x/note", _refuse_notes)
+    refusing = log.mark()
+    log.register_rule("x/note", lambda *_: None)          # replaced: notes allowed now
+    log.register_rule("x/other", _refuse_notes)
+    assert bare.rules == () and refusing.rules == (("x/note", _refuse_notes),)
+    fork = log.fork(bare)
+    fork.append("x/note", {})                             # no rule when the mark was taken
+    fork.append("x/other", {})
+    with pytest.raises(InvariantError, match="notes are refused"):
+        log.fork(refusing).append("x/note", {})           # the rule of its mark
+    log.fork(refusing).append("x/other", {})
+    log.append("x/note", {})                              # the original keeps its own
+    with pytest.raises(InvariantError, match="notes are refused"):
+        log.fork().append("x/other", {})                  # no mark: the rules as they are now
+    fork.register_rule("x/third", _refuse_notes)          # the fork's rules are its own
+    log.append("x/third", {})
+    with pytest.raises(InvariantError, match="notes are refused"):
+        fork.append("x/third", {})
+
+
+def test_L15_marks_with_different_rules_are_different_positions() -> None:
+    log = SessionLog()
+    before = log.mark()
+    assert log.mark() == before and hash(log.mark()) == hash(before)
+    log.register_rule("x/note", _refuse_notes)
+    after = log.mark()
+    assert after != before and after.length == before.length
+    assert hash(after) == hash(log.mark())

@@ -174,3 +174,43 @@ def test_families_of_two_cancels_of_one_turn_and_a_keep_inbox_cancel() -> None:
     again.run()
     assert "R16.5" in again.families.reached and "R16.3" not in again.families.reached
     assert set(run.families.reached) <= set(FAMILIES)
+
+
+def _families_of(configuration: str, *path: tuple[str, ...]) -> set[str]:
+    """The families the explorer's *path* in *configuration* (after its prefix) exercised,
+    each decision taken once every output before it has been pulled, and every output
+    after the last one pulled."""
+    from machine.explore import CONFIGURATIONS
+    explorer = CONFIGURATIONS[configuration].explorer(with_model=False)
+    node = explorer.replay(explorer.prefix)
+    for action in (*path, None):
+        while explorer.pull(node) is not None:
+            pass
+        if action is not None:
+            explorer.apply(node, action)
+    return node.families.reached
+
+
+def test_families_of_a_failed_turn_s_recovery_cancelled_before_and_after_its_retry() -> None:
+    """R13.2.3: a retry authorized after the cancel aborted the signal, not before; R13.5
+    (D2): a cancel through the failed turn's flush with the retry pending, not without one;
+    R13.4: the retry run's failure recovered with the first as a prior failure."""
+    late = _families_of("recovering", ("cmd", "cancel"), ("ans", "request-error", "retry"))
+    assert "R13.2.3" in late and "R13.5-flush" not in late
+    flushing = _families_of("recovering", ("ans", "request-error", "retry"), ("cmd", "cancel"))
+    assert "R13.5-flush" in flushing and "R13.2.3" not in flushing
+    assert "R13.5-flush" not in _families_of("recovering", ("ans", "request-error", "none"),
+                                             ("cmd", "cancel"))
+    chain = _families_of("recovering", ("ans", "request-error", "retry"),
+                         ("macro", "to:model"), ("ans", "model", "fail"))
+    assert {"R13.3", "R13.4-chain"} <= chain
+    assert "R13.4-chain" not in _families_of("recovering", ("ans", "request-error", "retry"),
+                                             ("macro", "to:model"), ("ans", "model", "text"))
+
+
+def test_families_of_a_cancel_after_a_dispose_and_of_two_cancels() -> None:
+    """R16.3: a later cancel of an activity a dispose aborted, not one a cancel aborted."""
+    assert {"R16.3", "R16.3-dispose"} <= _families_of("turn", ("cmd", "dispose"),
+                                                      ("cmd", "cancel"))
+    twice = _families_of("turn", ("cmd", "cancel"), ("cmd", "dispose"))
+    assert "R16.3-dispose" not in twice

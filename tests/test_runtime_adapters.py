@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 from scenario_helpers import obj, string
@@ -266,6 +266,71 @@ def test_RT15_openai_a_malformed_chunk_shape_is_a_malformed_response_and_nothing
         {"role": "user", "content": "b"}]
 
 
+#: An SSE event whose bytes are not UTF-8 (the fake server sends a lone surrogate U+DCxx as
+#: the byte it escapes): a ``data:`` line holding the bytes 0xFF 0xFE.
+NOT_UTF8: Final = 'data: {"text": "\udcff\udcfe"}\n\n'
+
+
+def _failed_then_ok(first: Reply, make: Callable[[FakeServer], ModelAdapter], ok: Reply
+                    ) -> tuple[dict[str, Any], list[Event]]:
+    """*first* fails the first turn for good (the request-error point retries what the
+    policy allows) and a second prompt completes (*ok*): the failure and the log."""
+    events, _ = converse([first, ok], make, prompts=("a", "b"),
+                                setup=lambda a: a.hooks.request_error.use(retry_request))
+    reasons = [r.reason for r in ends(events)]
+    assert [r.kind for r in reasons] == ["error", "completed"]
+    failure = reasons[0].failure
+    assert failure is not None and not RetryPolicy().retryable(failure)
+    assert [obj(e.data["trigger"])["kind"] for e in of(events, "turn/start")] == ["message"] * 2
+    assert [e.data_as(AssistantMessageData).message.text
+            for e in of(events, "assistant/message")] == ["ok"]
+    assert not [e for e in events if e.type.startswith("tool/")]
+    return failure.to_json(), events
+
+
+def test_RT15_openai_an_event_that_is_not_utf8_is_a_malformed_response() -> None:
+    """Bytes that do not decode as UTF-8 are a malformed event, classified and not retried
+    (RT16), not an unknown failure of the turn."""
+    whole = openai_tool_calls(("t1", "read", '{"path": "x"}'), text="reading").events
+    failure, events = _failed_then_ok(Reply((*whole[:2], NOT_UTF8, *whole[2:])), openai,
+                                      openai_text("ok"))
+    assert failure["code"] == "MALFORMED_RESPONSE"
+    assert failure["message"].startswith("fakeai: malformed stream event: it is not UTF-8 (")
+    assert "0xff" in failure["message"]
+    chunks = [obj(e.data["chunk"]) for e in of(events, "assistant/chunk") if e.data["turn"] == 1]
+    assert chunks == [{"type": "text", "text": "reading"}]      # what came before is logged
+
+
+def test_RT15_openai_a_tool_call_index_reused_by_another_id_is_a_malformed_response() -> None:
+    """Two calls at one index would be merged into one (the second's id, the names and the
+    arguments joined): the stream is malformed, and no call runs."""
+    stream = Reply.from_sse("".join(sse_event(c) for c in [
+        _tool_delta({"index": 0, "id": "call1", "function": {"name": "t",
+                                                             "arguments": '{"a": 1}'}}),
+        _tool_delta({"index": 0, "id": "call2", "function": {"name": "u",
+                                                             "arguments": '{"b": 2}'}}),
+        _chunk({"index": 0, "delta": {}, "finish_reason": "tool_calls"})]) + sse_event("[DONE]"))
+    failure, _ = _failed_then_ok(stream, openai, openai_text("ok"))
+    assert failure == {"message": "fakeai: malformed stream event: tool call: index 0 is reused "
+                                  "by call 'call2' while call 'call1' holds it",
+                       "code": "MALFORMED_RESPONSE"}
+
+
+def test_RT15_openai_a_tool_call_id_repeated_in_its_deltas_is_one_call() -> None:
+    """The other side of a reused index: a server that repeats a call's id in each of its
+    deltas streams one call."""
+    stream = Reply.from_sse("".join(sse_event(c) for c in [
+        _tool_delta({"index": 0, "id": "call1", "function": {"name": "read", "arguments": ""}}),
+        _tool_delta({"index": 0, "id": "call1", "function": {"arguments": '{"path": '}}),
+        _tool_delta({"index": 0, "id": "call1", "function": {"arguments": '"x"}'}}),
+        _chunk({"index": 0, "delta": {}, "finish_reason": "tool_calls"})]) + sse_event("[DONE]"))
+    events, _ = converse([stream, openai_text("done")], openai)
+    assert [e.reason.kind for e in ends(events)] == ["completed"]
+    assert [(c.call_id, c.name, thaw(c.arguments)) for c in
+            (e.data_as(ToolCallData) for e in of(events, "tool/call"))] == [
+        ("call1", "read", {"path": "x"})]
+
+
 def test_RT15_openai_fields_the_api_leaves_out_or_null_are_read_as_absent() -> None:
     """The other side of the malformed shapes: null or absent optional fields (an empty
     ``choices``, a choice without ``delta`` as Azure's filter chunks, null ``content``,
@@ -500,6 +565,49 @@ def test_RT15_anthropic_a_malformed_event_is_a_malformed_response_and_nothing_is
     assert len(requests) == 3 and requests[2].json["messages"] == [{"role": "user", "content": [
         {"type": "text", "text": "a"}, {"type": "text", "text": "b"},
         {"type": "text", "text": "c"}]}]
+
+
+def test_RT15_anthropic_an_event_that_is_not_utf8_is_a_malformed_response() -> None:
+    """As for the OpenAI-compatible adapter: bytes that are not UTF-8 are a malformed
+    event, not an unknown failure."""
+    whole = anthropic_tool_calls(("t1", "read", '{"path": "x"}'), text="reading").events
+    failure, _ = _failed_then_ok(Reply((*whole[:2], NOT_UTF8, *whole[2:])), claude,
+                                 anthropic_text("ok"))
+    assert failure["code"] == "MALFORMED_RESPONSE"
+    assert failure["message"].startswith("anthropic: malformed stream event: it is not UTF-8 (")
+
+
+def test_RT15_anthropic_a_block_index_started_twice_is_a_malformed_response() -> None:
+    """A second ``content_block_start`` at an index already started (a tool call of another
+    id at the index of the first) is malformed, as a reused tool-call index is for the
+    OpenAI-compatible adapter; no call runs."""
+    first = anthropic_tool_calls(("t1", "read", '{"path": "x"}')).events
+    second = anthropic_tool_calls(("t2", "read", '{"path": "y"}')).events
+    blocks = [e for e in second if e.startswith("event: content_block")]
+    failure, _ = _failed_then_ok(Reply((*first[:-2], *blocks, *first[-2:])), claude,
+                                 anthropic_text("ok"))
+    assert failure == {"message": "anthropic: malformed stream event: content_block_start: "
+                                  "index 0 is started a second time",
+                       "code": "MALFORMED_RESPONSE"}
+
+
+@pytest.mark.parametrize("make", [openai, claude], ids=["openai", "anthropic"])
+def test_RT15_injected_context_reaches_the_provider_labelled_with_its_plugin(
+        make: Callable[[FakeServer], ModelAdapter]) -> None:
+    """Through the real SDK, in the request the server receives: context a plugin injected
+    before the prompt is sent as user text after the label naming the plugin; the user's
+    own prompt has no label."""
+    context = user_message("c1", "cwd is /tmp", plugin_source("fs"))
+    reply = openai_text("ok") if make is openai else anthropic_text("ok")
+    _, requests = converse([reply], make, setup=lambda agent: agent.inject(context))
+    messages = requests[0].json["messages"]
+    if make is openai:
+        assert messages[1:] == [{"role": "user", "content": "[context from plugin:fs]\ncwd is /tmp"},
+                                {"role": "user", "content": "hi"}]
+    else:
+        assert messages == [{"role": "user", "content": [
+            {"type": "text", "text": "[context from plugin:fs]\ncwd is /tmp"},
+            {"type": "text", "text": "hi"}]}]
 
 
 def test_RT15_anthropic_tool_calls_builder_round_trip() -> None:

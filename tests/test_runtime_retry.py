@@ -120,6 +120,28 @@ def test_RT16_retry_request_retries_each_failure_as_a_new_turn_until_the_attempt
                                      ("start", "retry"), ("end", "completed")]
 
 
+@pytest.mark.parametrize("max_attempts", [1, 2, 4])
+def test_RT16_a_chain_makes_exactly_max_attempts_requests_asking_the_policy_each_time(
+        max_attempts: int) -> None:
+    """R13.4: `retry_request` asks the policy about the attempt that just failed (1 for the
+    first request of the chain, its prior failures plus one), and a chain of failures makes
+    exactly *max_attempts* requests, one turn each, the last ending the chain."""
+    asked: list[int] = []
+
+    class Counting(RetryPolicy):
+        def delay(self, failure: LlmFailure, attempt: int) -> float | None:
+            asked.append(attempt)
+            return super().delay(failure, attempt)
+
+    model = _failing_then(max_attempts + 2)
+    agent = Agent(model, retry_policy=Counting(max_attempts=max_attempts, base_delay=0.001))
+    agent.hooks.request_error.use(retry_request)
+    turns = _summary(_run(agent))
+    assert asked == list(range(1, max_attempts + 1))
+    assert turns == [("start", "message"), ("end", "error")] + [
+        ("start", "retry"), ("end", "error")] * (max_attempts - 1)
+
+
 def test_RT16_handlers_get_the_agents_or_the_adapters_policy() -> None:
     seen: list[RetryPolicy] = []
 

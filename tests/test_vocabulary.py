@@ -10,6 +10,7 @@ import enum
 import json
 import math
 import operator
+import pickle
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any, get_args
@@ -23,6 +24,7 @@ from machine.errors import (
     DisposedError,
     InvariantError,
     NotJsonCompatibleError,
+    NotPicklableError,
     ProtocolError,
     TurnstileError,
     ValidationError,
@@ -552,6 +554,26 @@ def test_V4_equal_core_sources_are_one_shared_frozen_value() -> None:
             freeze_source({"kind": "tool", "callId": ""}, "message.source")
 
 
+@pytest.mark.parametrize("fields", [{"plugin": "fs"}, {"callId": "c9"},
+                                    {"provider": "p", "model": "m"}],
+                         ids=["plugin", "tool", "model"])
+def test_V4_valid_sources_of_different_kinds_are_never_merged(fields: dict[str, str]) -> None:
+    """A user source may carry any fields, so it can have exactly the other fields of a
+    plugin, tool or model source: the two are different sources, whichever is frozen
+    first, each time, and as a message's source."""
+    kind = {"plugin": "plugin", "callId": "tool", "provider": "model"}[next(iter(fields))]
+    for order, first_kind, second_kind in ((0, "user", kind), (1, kind, "user")):
+        marked = {name: f"{value}-{order}" for name, value in fields.items()}
+        first = freeze_source({"kind": first_kind, **marked}, "message.source")
+        for _ in range(2):
+            second = freeze_source({"kind": second_kind, **marked}, "message.source")
+            assert second == {"kind": second_kind, **marked} and second is not first
+            assert freeze_source({"kind": first_kind, **marked}, "s") == first
+        message = Message.from_json({"id": "m", "role": "user", "content": [],
+                                     "source": {"kind": second_kind, **marked}})
+        assert message.source["kind"] == second_kind
+
+
 def test_V4_sharing_is_bounded_and_skips_extension_kinds(registries: None) -> None:
     for index in range(vocabulary._SHARED_SOURCES_LIMIT + 5):
         freeze_source({"kind": "tool", "callId": f"c{index}"}, "message.source")
@@ -898,6 +920,7 @@ def test_V8_derive_history_of_a_well_formed_event_projects_it() -> None:
     (InvariantError("L1", "x"), "INVARIANT", ()),
     (ProtocolError("x"), "PROTOCOL_ERROR", ()),
     (DisposedError("x"), "AGENT_DISPOSED", ()),
+    (NotPicklableError("x"), "NOT_PICKLABLE", (pickle.PicklingError,)),
 ])
 def test_V9_one_coded_hierarchy(error: TurnstileError, code: str,
                                 bases: tuple[type, ...]) -> None:

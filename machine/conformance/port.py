@@ -11,9 +11,11 @@ in the port's output and the offending field.
 The port runs in a session (and process group) of its own, and closing the subject
 ends that whole group, so a wrapper that leaves a child holding the port's output
 (``npm run``, ``sh -c 'helper & exec port'``) can neither keep the checker waiting
-nor outlive it. The port's output is read by a thread with bounded memory: at most
-`MAX_LINE_BYTES` a line and `QUEUED_LINES` lines ahead of the checker; whatever goes
-wrong while reading becomes a `PortFailure`, never a traceback.
+nor outlive it. On Linux it also ends what left the group (``setsid``): every process
+that holds one of the port's pipes, and every descendant of the port or of those.
+The port's output is read by a thread with bounded memory: at most `MAX_LINE_BYTES` a
+line and `QUEUED_LINES` lines ahead of the checker; whatever goes wrong while reading
+becomes a `PortFailure`, never a traceback.
 """
 
 from __future__ import annotations
@@ -110,6 +112,11 @@ class PortSubject:
         assert self._process.stdout is not None and self._process.stderr is not None
         self._stdout = self._process.stdout
         self._stderr_stream = self._process.stderr
+        #: the port's pipes (inode numbers): a process holding one is the port's (close)
+        self._pipe_inodes = frozenset(
+            os.fstat(stream.fileno()).st_ino
+            for stream in (self._process.stdin, self._stdout, self._stderr_stream)
+            if stream is not None)
         self._closed = False
         self._readers = [
             threading.Thread(target=self._read, args=(self._stdout,), daemon=True,
@@ -364,10 +371,80 @@ class PortSubject:
                     stream.close()
 
     def _end_group(self) -> None:
-        """SIGKILL the port's process group (its own session, see __init__), or the port."""
-        if hasattr(os, "killpg"):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._process.pid, signal.SIGKILL)
-        else:  # pragma: no cover - not POSIX
+        """SIGKILL the port's process group (its own session, see __init__), or the port;
+        on Linux first every process that left the group but is still the port's (see
+        `_escaped`), stopped before it is killed so that it cannot start another."""
+        if not hasattr(os, "killpg"):  # pragma: no cover - not POSIX
             with contextlib.suppress(OSError):
                 self._process.kill()
+            return
+        stopped: set[int] = set()
+        for _ in range(_ESCAPE_ROUNDS):     # until a scan finds no process not stopped yet
+            found = _escaped(self._process.pid, self._pipe_inodes) - stopped
+            if not found:
+                break
+            for pid in found:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGSTOP)
+            stopped |= found
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._process.pid, signal.SIGKILL)
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+#: How many times `PortSubject._end_group` looks again for processes started meanwhile.
+_ESCAPE_ROUNDS: Final = 20
+_PROC: Final = Path("/proc")
+
+
+def _escaped(leader: int, pipes: frozenset[int]) -> set[int]:
+    """The processes that belong to the port whose process (and group, and session) is
+    *leader* although they may have left its group: those in its session or group, those
+    holding one of its *pipes* (inode numbers), and every descendant of those or of the
+    leader; read from /proc (nothing where there is none). Never this process."""
+    if not _PROC.is_dir():  # pragma: no cover - not Linux
+        return set()
+    own = os.getpid()
+    parents: dict[int, int] = {}
+    found: set[int] = set()
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == own:
+            continue
+        pid = int(entry.name)
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue                        # gone meanwhile, or not readable
+        parent, group, session = int(fields[1]), int(fields[2]), int(fields[3])
+        parents[pid] = parent
+        if leader in (group, session) or (pipes and _holds(entry, pipes)):
+            found.add(pid)
+    found.add(leader)
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    pending = list(found)
+    while pending:
+        for child in children.get(pending.pop(), ()):
+            if child not in found and child != own:
+                found.add(child)
+                pending.append(child)
+    return found
+
+
+def _holds(process: Path, pipes: frozenset[int]) -> bool:
+    """Whether the process of */proc/<pid>* has one of *pipes* open."""
+    try:
+        descriptors = list((process / "fd").iterdir())
+    except OSError:
+        return False
+    for descriptor in descriptors:
+        try:
+            target = os.readlink(descriptor)
+        except OSError:
+            continue
+        if target.startswith("pipe:[") and int(target[6:-1]) in pipes:
+            return True
+    return False

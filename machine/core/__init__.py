@@ -62,6 +62,7 @@ building on the one before it:
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 
 from machine import events as ev
@@ -84,6 +85,8 @@ from machine.core.records import (
 from machine.core.snapshot import duplicate_state, log_parts, state_parts
 from machine.core.state import CoreState
 from machine.core.tools import ABD_RESULT, normalized, plan_arguments, raised_result
+from machine.errors import NotPicklableError
+from machine.jsonvalue import shown
 from machine.log import LogMark, SessionLog
 
 __all__ = ["ABD_ERROR", "ABD_RESULT", "ABD_TEXT", "ABORTED", "ABORTED_ERROR", "ABORTED_TEXT",
@@ -146,9 +149,10 @@ class CoreSnapshot:
     Two snapshots are equal when everything their futures depend on is equal: the state
     (machines, queues, effects, completions, queued outputs, the loop's frames) and the log's
     events up to the snapshot's position, compared by type, data, surface operation and
-    sources (not by time). They hash alike then. `key(symmetric=True)` also equates states
-    that differ only in the names of their messages (ids renamed in order of appearance),
-    as a model checker's symmetry reduction does."""
+    sources (not by time), and the log's extension rules at the snapshot (L10, by identity).
+    They hash alike then. `key(symmetric=True)` also equates states that differ only in the
+    names of their messages (ids renamed in order of appearance), as a model checker's
+    symmetry reduction does."""
 
     __slots__ = ("_key", "_log", "_mark", "_state")
 
@@ -185,10 +189,37 @@ class CoreSnapshot:
         mean equal futures. O(state + log)."""
         if symmetric:
             ids: dict[str, str] = {}
-            return (state_parts(self._state, ids), log_parts(self._log, self._mark, ids))
+            return (state_parts(self._state, ids), log_parts(self._log, self._mark, ids),
+                    self._mark.rules)
         if self._key is None:
-            self._key = (state_parts(self._state), log_parts(self._log, self._mark))
+            self._key = (state_parts(self._state), log_parts(self._log, self._mark),
+                         self._mark.rules)
         return self._key
+
+    # -- a value: copying gives it back, pickling stores it (R4.12) ------------------
+
+    def __copy__(self) -> CoreSnapshot:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> CoreSnapshot:
+        return self
+
+    def __reduce__(self) -> tuple[Callable[[bytes], CoreSnapshot], tuple[bytes]]:
+        """Pickled as a checkpoint (R4.12): the state, and the log as a fork at the
+        snapshot's position (its events, clock and extension rules, no observers), pickled
+        at once so that a part that cannot be (a lambda as the clock, the id minting or a
+        rule) is a `NotPicklableError` naming it, not the pickler's error about a lambda."""
+        state = {name: value for name, value in vars(self._state).items() if name != "log"}
+        log = self._log.fork(self._mark)
+        try:
+            data = pickle.dumps((type(self._state), state, log), pickle.HIGHEST_PROTOCOL)
+        except Exception as error:
+            raise NotPicklableError(
+                f"a snapshot cannot be pickled: {_unpicklable_part(state, log)} cannot be "
+                f"({type(error).__name__}: {error}); give the core module-level functions as "
+                "its clock, mint_id and log rules, or keep the session in a store "
+                "(machine.store) and resume it instead") from error
+        return _unpickled_snapshot, (data,)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CoreSnapshot):
@@ -201,3 +232,29 @@ class CoreSnapshot:
     def __repr__(self) -> str:
         return (f"CoreSnapshot(status={self.status!r}, log_length={self.log_length}, "
                 f"pending_queued={self.pending_queued})")
+
+
+def _unpicklable_part(state: dict[str, object], log: SessionLog) -> str:
+    """Which part of a snapshot being pickled cannot be pickled, in words."""
+    parts: list[tuple[str, object]] = [("the log's clock", log._clock),
+                                       ("the id minting (mint_id)", state.get("_mint"))]
+    parts += [(f"the log rule of {event_type!r}", check) for event_type, check in log._rules.items()]
+    parts += [(f"the core's {name}", value) for name, value in state.items()]
+    parts.append(("the log", log))
+    for where, value in parts:
+        try:
+            pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            return f"{where} ({shown(value)})"
+    return "a part of it"
+
+
+def _unpickled_snapshot(data: bytes) -> CoreSnapshot:
+    """A snapshot from what `CoreSnapshot.__reduce__` pickled."""
+    kind, state, log = pickle.loads(data)
+    if not (isinstance(kind, type) and issubclass(kind, AgentCore)):
+        raise TypeError(f"a pickled snapshot holds a {shown(kind)}, not a core's class")
+    core = kind.__new__(kind)
+    vars(core).update(state)
+    core.log = log
+    return CoreSnapshot(core, log, log.mark())

@@ -182,6 +182,11 @@ class _Failure(Exception):
         self.code = error.code
         self.request_failure = request_failure
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Why: an exception pickles as its class called with its args (the rendered text
+        # here, not the error); a pickled snapshot holds the failure of a turn (R4.12).
+        return type(self), (self.error,), vars(self)
+
 
 @dataclass(slots=True)
 class _StepOutcome:

@@ -91,6 +91,13 @@ OWNED = frozenset({"admitting", *IN_TURN, "closing"})
 RETRY_STATES = frozenset({"recovering", "closing", "flushing"})
 
 
+def default_mint_id(kind: str, seq: int) -> str:
+    """The id a core given no `mint_id` mints (P12) for a message of *kind* at log position
+    *seq*: ``{kind}-{seq}`` (a module function, not a lambda, so that a snapshot pickles,
+    R4.12)."""
+    return f"{kind}-{seq}"
+
+
 class CoreState:
     """The core's whole state (see the module docstring); `AgentCore` is built on it."""
 
@@ -100,7 +107,7 @@ class CoreState:
         # Static: configuration, the session log, the id minting of P12.
         self.config = config if config is not None else CoreConfig()
         self.log = log if log is not None else SessionLog(clock=clock)
-        self._mint = mint_id if mint_id is not None else (lambda kind, seq: f"{kind}-{seq}")
+        self._mint = mint_id if mint_id is not None else default_mint_id
         # The four declared machines.
         self.inbox = Inbox()
         self.outbox = Outbox()

@@ -1,4 +1,4 @@
-"""Durable sessions (specs/persistence.md, S1–S29): stores, crash repair, resume, fork, compaction.
+"""Durable sessions (specs/persistence.md, S1–S33): stores, crash repair, resume, fork, compaction.
 
 Three backends implement the `SessionStore` protocol and pass the same
 contract: `JsonlStore` (one checksummed JSON record per line, the embedded

@@ -1,4 +1,4 @@
-"""Errors of the session stores (specs/persistence.md, rules S1–S29).
+"""Errors of the session stores (specs/persistence.md, rules S1–S33).
 
 Every store error is a coded `TurnstileError` (§0.9). `DamageError` is the
 strict-mode load failure of D8: it names the kind and position of the first
@@ -120,7 +120,8 @@ class StoreTimeoutError(StoreError):
 
 
 class SessionLockedError(StoreError):
-    """Another store instance holds the session for writing (S26): one writer per session."""
+    """Another store instance holds the session for writing (S26, S33): one writer per
+    session."""
 
     code = "SESSION_LOCKED"
 

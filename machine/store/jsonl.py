@@ -16,6 +16,11 @@ and ``flush`` is ``fsync``. Creation and salvage write a complete temporary
 file and move it into place. A load streams the file (S31): it reads the
 records one line at a time and keeps only what the log keeps.
 
+A session is written by one store at a time (S33): a store that creates or loads a
+session holds the advisory lock of ``<session>.jsonl.lock`` beside it (`machine.store.
+filelock`) until it releases the session, and another store, in this process or any
+other, is refused with `SessionLockedError` naming the holder.
+
 Every failure of the file system (a read-only file system, a full disk, a
 permission) is raised as a `StoreWriteError` or `StoreReadError` naming the
 operation, the file and the operating system's own message (S5).
@@ -49,6 +54,7 @@ from machine.store.codec import (
 from machine.store.errors import (
     DamageError,
     SessionExistsError,
+    SessionLockedError,
     SessionNotFoundError,
     StoreFullError,
     StoreReadError,
@@ -56,8 +62,9 @@ from machine.store.errors import (
     StoreWriteError,
     UnsupportedFormatError,
 )
+from machine.store.filelock import HeldError, SessionLock
 from machine.store.repair import RawRecord
-from machine.store.types import Damage, SessionInfo, check_session_id
+from machine.store.types import Damage, LoadMode, LoadResult, SessionInfo, check_session_id
 
 __all__ = ["FORMAT_VERSION", "JsonlStore", "encode_header", "encode_record", "parse_jsonl"]
 
@@ -239,23 +246,37 @@ def _records(file: BinaryIO, offset: int, end: int, uid: str | None) -> Iterator
 class _Handle:
     """A session open for append. The file is opened for writing at the first append, so a
     session on a read-only file system loads (and is inspected) as long as it needs no
-    repair (S5)."""
+    repair (S5). *lock* is the session's (S33); None until it could be taken (the lock
+    file could not be created, on storage this process may not write), and then taken
+    before the first write."""
 
     path: Path
     uid: str | None
     fd: int | None = None
     size: int = 0
+    lock: SessionLock | None = None
 
 
 class JsonlStore(BaseStore[_Handle]):
     """Sessions as JSONL files in the directory *root* (created if missing).
 
     *fsync* false skips every ``fsync`` (for tests and throwaway sessions):
-    records still reach the operating system at each append.
+    records still reach the operating system at each append. *lock_wait* is how long
+    opening a session waits for another store that holds it (S33) before
+    `SessionLockedError` (0: do not wait).
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True,
+                 lock_wait: float = 0.0) -> None:
+        if isinstance(lock_wait, bool) or not isinstance(lock_wait, (int, float)) \
+                or not 0 <= lock_wait < float("inf"):
+            raise ValidationError("lock_wait", f"must be a number of seconds >= 0, not "
+                                  f"{lock_wait!r}")
         super().__init__()
+        self._lock_wait = float(lock_wait)
+        # S33: locks a load took before its handle exists (None: to be taken at the first
+        # write), handed to the handle by `_reopen` or `_salvage`.
+        self._claims: dict[str, SessionLock | None] = {}
         self.root = Path(root)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -267,6 +288,24 @@ class JsonlStore(BaseStore[_Handle]):
     def path(self, session_id: str) -> Path:
         """The file of a session."""
         return self.root / f"{check_session_id(session_id)}{SUFFIX}"
+
+    def load(self, session_id: str, mode: LoadMode = "strict") -> LoadResult:
+        """S9–S14, S33: take the session's lock, then load, repair and open it. A load that
+        fails gives the lock back."""
+        self._check_usable()
+        check_session_id(session_id)
+        if self.is_open(session_id) or not self._exists(session_id):
+            return super().load(session_id, mode)        # S14, or not found
+        try:
+            self._claims[session_id] = self._lock(self.path(session_id))
+        except OSError:     # no lock file can be made here: taken before the first write
+            self._claims[session_id] = None
+        try:
+            return super().load(session_id, mode)
+        finally:
+            unclaimed = self._claims.pop(session_id, None)
+            if unclaimed is not None:
+                unclaimed.release()
 
     # -- primitives ---------------------------------------------------------------
 
@@ -331,6 +370,22 @@ class JsonlStore(BaseStore[_Handle]):
 
     def _create(self, info: SessionInfo, events: Sequence[Event]) -> _Handle:
         path = self.path(info.session_id)
+        try:
+            lock = self._lock(path)
+        except SessionLockedError as held:  # S3: another store is creating or writing it
+            raise SessionExistsError(f"session {info.session_id!r} already exists: {held}"
+                                     ) from None
+        except OSError as error:
+            raise _write_failure(error, f"cannot create session {info.session_id!r} in "
+                                  f"{self.root}: {_cause(error)}") from error
+        try:
+            self._create_file(info, events, path)
+        except BaseException:
+            lock.release()
+            raise
+        return _Handle(path, info.uid, lock=lock)
+
+    def _create_file(self, info: SessionInfo, events: Sequence[Event], path: Path) -> None:
         with self._rewriting(info.session_id, f"cannot create session {info.session_id!r} in "
                              f"{self.root}") as temporary:
             self._write_file(temporary, self._lines(info, events, ()))
@@ -347,11 +402,10 @@ class JsonlStore(BaseStore[_Handle]):
                     raise SessionExistsError(
                         f"session {info.session_id!r} already exists") from None
             self._sync_dir()
-        return _Handle(path, info.uid)
 
     def _reopen(self, session_id: str, stored: StoredSession) -> _Handle:
         path = self.path(session_id)
-        handle = _Handle(path, stored.uid)
+        handle = _Handle(path, stored.uid, lock=self._claims.pop(session_id, None))
         if stored.torn_bytes:
             assert stored.valid_length is not None
             try:
@@ -368,16 +422,25 @@ class JsonlStore(BaseStore[_Handle]):
     def _salvage(self, info: SessionInfo, stored: StoredSession, kept: Sequence[Event],
                  closers: Sequence[Event]) -> tuple[_Handle, str]:
         path = self.path(info.session_id)
-        with self._rewriting(info.session_id, f"cannot salvage session {info.session_id!r} "
-                             f"({path})", " the session is unchanged") as temporary:
-            number = 1
-            while (backup := path.with_name(f"{path.name}.damaged-{number}")).exists():
-                number += 1
-            self._copy_file(path, backup)
-            self._write_file(temporary, self._lines(info, kept, closers))
-            os.replace(temporary, path)
-            self._sync_dir()
-        return _Handle(path, info.uid), str(backup)
+        lock = self._claims.pop(info.session_id, None)
+        try:
+            with self._rewriting(info.session_id, f"cannot salvage session "
+                                 f"{info.session_id!r} ({path})",
+                                 " the session is unchanged") as temporary:
+                if lock is None:
+                    lock = self._lock(path)
+                number = 1
+                while (backup := path.with_name(f"{path.name}.damaged-{number}")).exists():
+                    number += 1
+                self._copy_file(path, backup)
+                self._write_file(temporary, self._lines(info, kept, closers))
+                os.replace(temporary, path)
+                self._sync_dir()
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        return _Handle(path, info.uid, lock=lock), str(backup)
 
     def _write(self, handle: _Handle, events: Sequence[Event]) -> None:
         data = b"".join(encode_record(event, handle.uid) for event in events)
@@ -410,12 +473,28 @@ class JsonlStore(BaseStore[_Handle]):
         if handle.fd is not None:
             fd, handle.fd = handle.fd, None
             os.close(fd)
+        if handle.lock is not None:
+            lock, handle.lock = handle.lock, None
+            lock.release()
 
     # -- file helpers ---------------------------------------------------------------
 
-    @staticmethod
-    def _writable(handle: _Handle) -> int:
-        """The handle's file descriptor, opening the file for append the first time."""
+    def _lock(self, path: Path) -> SessionLock:
+        """S33: the lock of the session file *path*, waiting up to *lock_wait*;
+        `SessionLockedError` naming the holder, or the `OSError` of its lock file."""
+        try:
+            return SessionLock.acquire(path, wait=self._lock_wait)
+        except HeldError as held:
+            raise SessionLockedError(
+                f"session {path.name[:-len(SUFFIX)]!r} is open for writing in another store "
+                f"({held.holder}; lock file {held.path}); one writer per session (S33)"
+                ) from None
+
+    def _writable(self, handle: _Handle) -> int:
+        """The handle's file descriptor, opening the file for append the first time (and
+        taking the session's lock first if the load could not, S33)."""
+        if handle.lock is None:
+            handle.lock = self._lock(handle.path)
         if handle.fd is None:
             fd = os.open(handle.path, os.O_WRONLY | os.O_APPEND)
             handle.fd, handle.size = fd, os.fstat(fd).st_size

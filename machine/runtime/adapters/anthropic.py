@@ -33,10 +33,10 @@ The same mapping as the OpenAI-compatible adapter, in the Messages API's terms:
   usage from ``message_start`` and ``message_delta``;
 * **failures** → `ModelFailure` with `LlmFailure` facts, classified as for the
   OpenAI adapter (``overloaded_error`` and 529 are ``OVERLOADED``; an ``error``
-  event mid-stream is classified by its type; an event that is not JSON, or of a
-  known type but missing a field or with one of the wrong type, is
-  ``MALFORMED_RESPONSE``; events, blocks and deltas of unknown types are passed
-  over).
+  event mid-stream is classified by its type; an event that is not JSON or not
+  UTF-8, of a known type but missing a field or with one of the wrong type, or
+  starting a block at an index already started, is ``MALFORMED_RESPONSE``;
+  events, blocks and deltas of unknown types are passed over).
 """
 
 from __future__ import annotations
@@ -223,6 +223,7 @@ class _Reader:
     #: tool names as sent (made valid, W2.6) -> as the agent knows them
     names: dict[str, str] = field(default_factory=dict)
     blocks: dict[int, _Block] = field(default_factory=dict)
+    started: set[int] = field(default_factory=set)
     stop: str | None = None
     finished: bool = False
     tokens: dict[str, int | None] = field(default_factory=dict)
@@ -238,6 +239,9 @@ class _Reader:
                 "cache_write": _count(figures, "cache_creation_input_tokens", kind)}
         elif kind == "content_block_start":
             index = _index(event, kind)
+            if index in self.started:       # its deltas would join the earlier block's
+                raise MalformedEvent(f"{kind}: index {index} is started a second time")
+            self.started.add(index)
             block = _object(event, "content_block", kind)
             started = _Block(_text(block, "type", kind))
             self.blocks[index] = started

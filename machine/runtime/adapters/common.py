@@ -297,6 +297,9 @@ def event_index(value: object, where: str) -> int:
 def stream_failure(provider: str, exc: BaseException, *, streamed: bool) -> ModelFailure | None:
     """A failure for an exception that is not the SDK's own API error: a torn or malformed
     stream; None when *exc* is neither (it is then a bug, and a generic failure)."""
+    if isinstance(exc, UnicodeDecodeError):     # the SDK decodes each SSE line as UTF-8
+        return ModelFailure(f"{provider}: malformed stream event: it is not UTF-8 ({exc})",
+                            MALFORMED_RESPONSE)
     if isinstance(exc, (json.JSONDecodeError, MalformedEvent)) or (
             type(exc).__name__ == "ValidationError" and "pydantic" in type(exc).__module__):
         return ModelFailure(f"{provider}: malformed stream event: {exc}", MALFORMED_RESPONSE)

@@ -68,8 +68,10 @@ def sse_event(data: object, event: str | None = None) -> str:
 class Reply:
     """One scripted response.
 
-    * ``events``: the SSE events to stream (each a complete ``event:``/``data:`` block);
-      ignored when ``body`` is given;
+    * ``events``: the SSE events to stream (each a complete ``event:``/``data:`` block, sent
+      in UTF-8; a lone surrogate U+DC80-U+DCFF is sent as the byte it escapes, as Python's
+      ``surrogateescape`` does, so a test can send bytes that are not UTF-8); ignored when
+      ``body`` is given;
     * ``status``, ``headers``: the status line and extra headers (``Retry-After``, ...);
     * ``body``: a JSON error (or any) body sent with ``Content-Length`` instead of a stream;
     * ``drop_after``: cut the connection (no terminating chunk) after this many events;
@@ -348,7 +350,7 @@ class FakeServer:
             elif index and reply.delay:
                 await writer.drain()
                 await asyncio.sleep(reply.delay)
-            data = event.encode("utf-8")
+            data = event.encode("utf-8", "surrogateescape")
             writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         if reply.drop_after is not None and reply.drop_after >= len(reply.events) > 0:
             await writer.drain()

@@ -38,8 +38,9 @@ What it maps (each in one place below):
   ``STREAM_INTERRUPTED``, ``MALFORMED_RESPONSE``, ...), ``Retry-After`` as
   ``providerRetryAfterMs`` and the request id. A chunk that is not JSON, or is
   JSON of the wrong shape (not an object, ``choices`` not a list, a ``delta``
-  that is not an object, a tool-call delta without its integer ``index``, a
-  field the adapter reads of the wrong type) is ``MALFORMED_RESPONSE``; fields
+  that is not an object, a tool-call delta without its integer ``index`` or with
+  the ``index`` of a call of another ``id``, a field the adapter reads of the
+  wrong type), or not UTF-8, is ``MALFORMED_RESPONSE``; fields
   the API may leave out or null (an empty ``choices`` on the usage chunk, a
   choice without ``delta``, a delta without ``content``) are read as absent, and
   fields the adapter does not read are passed over.
@@ -272,9 +273,13 @@ class _Reader:
             raise MalformedEvent("delta: tool_calls is not a list")
         for piece in pieces:
             _require_object(piece, "tool call", "a tool call")
-            pending = self.calls.setdefault(_index(piece, "tool call"), _PendingCall())
+            index = _index(piece, "tool call")
+            pending = self.calls.setdefault(index, _PendingCall())
             call_id = _text(piece, "id", "tool call")
             if call_id:
+                if pending.id and call_id != pending.id:    # two calls would be merged
+                    raise MalformedEvent(f"tool call: index {index} is reused by call "
+                                         f"{call_id!r} while call {pending.id!r} holds it")
                 pending.id = call_id
             function = _optional_object(piece, "function", "tool call")
             if function is not None:
