@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_DEV := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck pytest diagrams check-deep clean mutation mutation-sample
+.PHONY: wheel demo test lint typecheck pytest diagrams check-deep clean mutation mutation-sample
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,13 @@ $(STAMP_DEV): pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/python -m pip uninstall --quiet --yes turnstile 2>/dev/null || true
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@ $(STAMP_RUN)
+
+# A wheel to install turnstile anywhere (README, "Install"): built by pip in an isolated
+# build environment from this checkout, without its dependencies.
+wheel: | $(BIN)/python
+	rm -rf build
+	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir dist .
+	@ls dist/turnstile_agent-*.whl
 
 # The demo: the example logs' verdicts, then a narrated session through the runtime,
 # which ends by checking the conformance corpus. Two example logs are broken on purpose

@@ -104,6 +104,8 @@ def test_the_wheel_installs_alone_and_works_from_an_empty_directory(tmp_path: Pa
                  "Classifier: Typing :: Typed", "Description-Content-Type: text/markdown"):
         assert line in metadata.splitlines(), line
     assert "\n# turnstile\n" in metadata and "pip install turnstile-agent" in metadata
+    # the README's install section names the wheel `make wheel` writes, as it is named
+    assert f"dist/{wheel.name}" in (ROOT / "README.md").read_text(encoding="utf-8")
 
     # 3. a fresh environment with the wheel alone, used from an empty directory
     venv = tmp_path / "venv"
