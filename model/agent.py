@@ -44,7 +44,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
-from typing import TYPE_CHECKING, ClassVar, Literal, Self, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Final, Literal, Self, TypeAlias, TypeVar
 
 from machine.core import CoreConfig
 from machine.errors import (
@@ -425,15 +425,15 @@ def _plan_arguments(raw: str) -> Frozen:
 
 def _header_problem(value: JsonLike) -> str | None:
     """P13: the request effect's value must be JSON of the shape ``{config, system?,
-    tools?}`` with a mapping ``config``. (The texts are the project's; P13 does not state
-    them.)"""
+    tools?, retryPolicy?}`` with a mapping ``config``. (The texts are the project's; P13 does
+    not state them.)"""
     try:
         header = freeze(value, "header")
     except ValidationError as exc:
         return str(exc)
     if not isinstance(header, FrozenDict) or not isinstance(header.get("config"), FrozenDict):
         return "the request header must be a mapping {config, system?, tools?}"
-    extra = sorted(set(header) - {"config", "system", "tools"})
+    extra = sorted(set(header) - {"config", "system", "tools", "retryPolicy"})
     if extra:
         return f"unexpected header field(s) {extra}"
     return None
@@ -696,6 +696,10 @@ class _Drain(_Frame):
     message: Message | None = None  # the steering item whose dequeue notice was just queued
 
 
+#: §9.6 (R9.6): a request resolution that named nothing beside its header.
+_NOTHING_PREPARED: Final = FrozenDict()
+
+
 @dataclass
 class _Step(_Frame):
     """One step (§9.1–§9.10 (R9.1–R9.10))."""
@@ -711,6 +715,8 @@ class _Step(_Frame):
     system: Frozen = None  # §9.3 (R9.3)
     history_end: int = 0  # §9.4 (R9.4)
     header: FrozenDict | None = None  # §9.6 (R9.6)
+    # §9.6 (R9.6): the prepared request's {retryPolicy} when its preparation named one
+    prepared: FrozenDict = _NOTHING_PREPARED
     calls: tuple[FrozenDict, ...] = ()  # the answer's tool-call blocks (§9.9 (R9.9))
     max_tokens: bool = False  # §9.8 (R9.8), §14.1 (R14.1)
     concluded: bool = False  # §10.6 (R10.6)
@@ -726,6 +732,7 @@ class _BuildRequest(_Frame):
     phase: Literal["start", "request-requested", "await-request", "logged"] = "start"
     effect: int = -1
     header: FrozenDict | None = None
+    prepared: FrozenDict = _NOTHING_PREPARED
 
 
 @dataclass
@@ -758,6 +765,7 @@ class _RequestFailure(_Frame):
 
     signal: int
     ending: _Ending
+    prepared: FrozenDict = _NOTHING_PREPARED
     phase: Literal["start", "step-ended", "request-error-requested", "await-request-error",
                    "record", "done"] = "start"
     effect: int = -1
@@ -1242,7 +1250,7 @@ class ModelAgent:
         if (isinstance(frame, _Step) and frame.phase == "streamed" and isinstance(error, _Stop)
                 and error.ending.kind == "request"):
             frame.phase = "request-failed"
-            return self._call(_RequestFailure(frame.signal, error.ending))
+            return self._call(_RequestFailure(frame.signal, error.ending, frame.prepared))
         raise error
 
     def _call(self, child: _Frame) -> _Signal:
@@ -2090,11 +2098,13 @@ class ModelAgent:
             frame.phase = "request-built"
             return self._call(_BuildRequest(frame.signal, frame.system))  # §9.6 (R9.6)
         if frame.phase == "request-built":
-            assert isinstance(sent, FrozenDict)
-            frame.header = sent
+            assert isinstance(sent, tuple)
+            header, frame.prepared = sent
+            assert isinstance(header, FrozenDict)
+            frame.header = header
             # a request failure of the stream is handled by the step (`_catch`, §13.2 (R13.2))
             frame.phase = "streamed"
-            return self._call(_Stream(frame.signal, sent, frame.history_end))
+            return self._call(_Stream(frame.signal, header, frame.history_end))
         if frame.phase == "streamed":
             answer = sent
             assert isinstance(answer, _Answer) and frame.header is not None
@@ -2152,8 +2162,9 @@ class ModelAgent:
 
     def _build_request(self, frame: _BuildRequest, sent: object) -> _Signal:
         """§9.6 (R9.6), P13: the seed config, the request effect (request extension point and
-        preparation), validation of the header, and the ``request/header`` append. Returns
-        the header."""
+        preparation), validation of its resolution, and the ``request/header`` append. Returns
+        the header and what the resolution says of the prepared request beside it (its
+        ``retryPolicy``, not part of the header; empty without one)."""
         if frame.phase == "start":
             if not self._header_logged:
                 seed: JsonLike = dict(self.config.request_options)
@@ -2170,7 +2181,7 @@ class ModelAgent:
             frame.phase = "await-request"
             return _Wait(frozenset({frame.effect}))
         if frame.phase == "logged":
-            return self._return(frame.header)
+            return self._return((frame.header, frame.prepared))
         # "await-request"
         if isinstance(sent, Raise):
             raise _raised(sent.error)
@@ -2183,6 +2194,9 @@ class ModelAgent:
             raise _Stop("generic", ErrorInfo(message=NO_ROUTE, name="Error"))
         header = freeze(sent.value, "header")
         assert isinstance(header, FrozenDict)
+        if "retryPolicy" in header:
+            frame.prepared = FrozenDict({"retryPolicy": header["retryPolicy"]})
+            header = FrozenDict({k: v for k, v in header.items() if k != "retryPolicy"})
         problem = _route_problem(header)
         if problem is not None:
             raise _generic(problem, "RequestConfigError", "INVALID_REQUEST_CONFIG")
@@ -2198,7 +2212,7 @@ class ModelAgent:
             self._append(REQUEST_HEADER, {"header": header, "reason": "change"})
             frame.phase = "logged"
             return PAUSE
-        return self._return(header)
+        return self._return((header, frame.prepared))
 
     def _stream(self, frame: _Stream, sent: object) -> _Signal:
         """§9.7 (R9.7), P5, P12: consume the model stream chunk by chunk: check the signal,
@@ -2314,9 +2328,10 @@ class ModelAgent:
         if frame.phase == "step-ended":
             if not self._aborted(frame.signal):
                 frame.effect = self._request(
-                    REQUEST_ERROR, turn=self._turn, step=self._step, signal=frame.signal,
+                    REQUEST_ERROR, None, turn=self._turn, step=self._step, signal=frame.signal,
                     error=error.to_json(), failure=failure.to_json(),
-                    priorFailures=[f.to_json() for f in self._prior_failures])
+                    priorFailures=[f.to_json() for f in self._prior_failures],
+                    **frame.prepared)  # §13.2 (R13.2): the request's retry policy, if named
                 frame.phase = "request-error-requested"
                 return PAUSE
             frame.phase = "record"

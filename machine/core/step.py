@@ -56,6 +56,10 @@ from machine.vocabulary import (
     validate_chunk,
 )
 
+#: R9.6: what the request effect's resolution may hold: the header's fields and the prepared
+#: request's retry policy (opaque, handed to recovery by R13.2 as the original does).
+_RESOLUTION_FIELDS = frozenset({"config", "system", "tools", "retryPolicy"})
+
 
 def _is_retry(value: JsonLike) -> bool:
     """R13.2: only exactly {kind:'retry'} authorizes a retry."""
@@ -146,6 +150,9 @@ class StepFrame(Frame):
     system: Frozen = None
     history_end: int = 0
     header: FrozenDict | None = None
+    # R9.6: the prepared request's {retryPolicy} when its preparation named one (R13.2 passes
+    # it on; absent stays absent, as every optional field of a payload)
+    prepared: FrozenDict | None = None
     model: int = -1
     awaiting: _Wait | None = None
     folded: list[_Folded] = field(default_factory=list)
@@ -167,6 +174,7 @@ class RequestFailedFrame(Frame):
 
     error: ErrorInfo
     facts: LlmFailure
+    prepared: FrozenDict | None = None
     effect: int = -1
     failure_json: FrozenDict | None = None
 
@@ -240,6 +248,10 @@ class Step(ToolBatch):
     def _step_header(self, frame: StepFrame, raw_header: JsonLike) -> Action:
         self._check_signal()
         header = frame.header = self._validate_header(raw_header)
+        if "retryPolicy" in header:                               # R9.6: not part of the header
+            frame.prepared = FrozenDict._adopt({"retryPolicy": header["retryPolicy"]})
+            header = frame.header = FrozenDict._adopt(
+                {key: value for key, value in header.items() if key != "retryPolicy"})
         header_reason = decisions.header_reason(
             self._header_logged, self.log.has_header,
             # Why: same_json compares as canonical JSON text would, without encoding twice.
@@ -285,7 +297,7 @@ class Step(ToolBatch):
             if value.failure is None:                             # not a model failure
                 raise _Failure(value)
             frame.phase = Step._step_request_failed
-            return self._request_failed(value, value.failure)
+            return self._request_failed(value, value.failure, frame.prepared)
         if kind == "end":
             if frame.finish is None:
                 raise _Failure(ErrorInfo("model stream ended without a finish chunk",
@@ -343,7 +355,8 @@ class Step(ToolBatch):
                      else DEFAULT_ABORT_FAILURE)
             frame.phase = Step._step_request_failed
             return self._request_failed(
-                ErrorInfo(facts.message, "ModelRequestError", facts.code, failure=facts), facts)
+                ErrorInfo(facts.message, "ModelRequestError", facts.code, failure=facts), facts,
+                frame.prepared)
         max_tokens = frame.max_tokens = finish_kind == "max-tokens"
         blocks = _folded_blocks(frame.folded)
         if max_tokens:                                            # R14.1
@@ -393,7 +406,8 @@ class Step(ToolBatch):
         return DONE
 
     def _validate_header(self, value: JsonLike) -> FrozenDict:
-        """R9.6: the prepared header {config, system?, tools?}; config names provider and model."""
+        """R9.6: the request's resolution {config, system?, tools?, retryPolicy?}: the header
+        and the retry policy of the prepared request; config names provider and model."""
         try:
             header = freeze(value, "header")
         except ValidationError as problem:
@@ -401,8 +415,8 @@ class Step(ToolBatch):
         problem_text: str | None = None
         if not isinstance(header, FrozenDict) or not isinstance(header.get("config"), FrozenDict):
             problem_text = "the request header must be a mapping {config, system?, tools?}"
-        elif set(header) - {"config", "system", "tools"}:
-            problem_text = f"unexpected header field(s) {sorted(set(header) - {'config', 'system', 'tools'})}"
+        elif set(header) - _RESOLUTION_FIELDS:
+            problem_text = f"unexpected header field(s) {sorted(set(header) - _RESOLUTION_FIELDS)}"
         else:
             config = header["config"]
             assert isinstance(config, FrozenDict)
@@ -418,9 +432,11 @@ class Step(ToolBatch):
         assert isinstance(header, FrozenDict)
         return header
 
-    def _request_failed(self, error: ErrorInfo, facts: LlmFailure) -> RequestFailedFrame:
+    def _request_failed(self, error: ErrorInfo, facts: LlmFailure,
+                        prepared: FrozenDict | None) -> RequestFailedFrame:
         """R13.2: step/end, recovery, classification."""
-        return RequestFailedFrame(phase=Step._request_failed_begin, error=error, facts=facts)
+        return RequestFailedFrame(phase=Step._request_failed_begin, error=error, facts=facts,
+                                  prepared=prepared)
 
     def _request_failed_begin(self, frame: RequestFailedFrame, _sent: object) -> Action:
         self.lifecycle.fire("request_failed")
@@ -432,10 +448,13 @@ class Step(ToolBatch):
         assert ctrl is not None
         frame.failure_json = frozen_json(frame.facts)
         if not ctrl.aborted:
-            recovery = self._new_effect(REQUEST_ERROR, FrozenDict({
+            payload: dict[str, Frozen] = {
                 "turn": self._turn, "step": self._step, "signal": ctrl.signal,
                 "error": frozen_json(frame.error), "failure": frame.failure_json,
-                "priorFailures": FrozenList(self._prior_failures)}))
+                "priorFailures": FrozenList(self._prior_failures)}
+            if frame.prepared is not None:                        # R13.2: the request's policy
+                payload.update(frame.prepared)
+            recovery = self._new_effect(REQUEST_ERROR, FrozenDict._adopt(payload))
             frame.effect = recovery.id
             frame.phase = Step._request_failed_wait
             return recovery

@@ -20,7 +20,7 @@ from machine.conformance.authoring import (
 )
 from machine.conformance.corpus.common import FAILURE, live_of, started
 from machine.io import Effect, Live
-from machine.jsonvalue import thaw
+from machine.jsonvalue import JsonLike, thaw
 from machine.vocabulary import ErrorInfo
 
 PARALLEL: Any = "parallel"
@@ -142,6 +142,35 @@ def retry_chain() -> Session:
     s.followup("next")
     s.run()
     assert [len(thaw(e.payload)["priorFailures"]) for e in s.effects("request-error")] == [0, 1, 0]
+    return s
+
+
+@scenario("R-request-error-retry-policy",
+          "R9.6, R13.2: the request's preparation may name its retry policy beside the header "
+          "(any JSON value, never logged); recovery gets the policy of the request that failed, "
+          "and none after a request whose preparation named none",
+          ["R9.6", "R13.2", "R13.3", "P4"], ["rule"])
+def request_error_retry_policy() -> Session:
+    s = Session(model_failure("rate limited", "RATE_LIMIT", status=429),
+                model_failure("still limited", "RATE_LIMIT", status=429))
+    policy = {"mode": "normal", "maxRetries": 2, "retryableCodes": ["RATE_LIMIT"],
+              "initialDelayMs": 500, "maxDelayMs": 10000, "jitterRatio": 0.1}
+    prepared = {"n": 0}
+
+    def prepare(effect: Effect) -> tuple[str, JsonLike]:
+        prepared["n"] += 1
+        config = thaw(effect.payload)["config"] or {"provider": "p", "model": "m"}
+        return ("resolve", {"config": config, "retryPolicy": policy} if prepared["n"] == 1
+                else {"config": config})
+    s.handle("request", prepare)
+    s.handle("request-error", lambda e: ("resolve", {"kind": "retry"}), times=1)
+    s.followup("go")
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) SE(1.1) TE(1,error) TS(2,retry) "
+                 "SS(2.1) SE(2.1) TE(2,error)")
+    assert [thaw(e.payload).get("retryPolicy") for e in s.effects("request-error")] == [policy, None]
+    assert "retryPolicy" not in thaw(s.effects("request-error")[1].payload)
+    assert "retryPolicy" not in thaw(s.of("request/header")[0].data)["header"]
     return s
 
 
