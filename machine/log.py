@@ -798,6 +798,9 @@ class SessionLog:
         message = _message_field(ASSISTANT_MESSAGE, data, validate_assistant_message)
         if "usage" in data and not isinstance(data["usage"], FrozenDict):
             _fail("L6", "assistant/message: data.usage must be a mapping")
+        if "interrupted" in data and data["interrupted"] is not True:      # D15
+            _fail("L6", "assistant/message: data.interrupted, when present, must be true, got "
+                  f"{shown(data['interrupted'])}")
         return message
 
     def _check_tool_call(self, data: FrozenDict, _op: Frozen) -> None:

@@ -125,6 +125,7 @@ from machine.jsonvalue import (
 )
 from machine.log import SessionLog
 from machine.vocabulary import (
+    WHITESPACE,
     Allow,
     CancelCause,
     ErrorInfo,
@@ -751,6 +752,7 @@ class _Stream(_Frame):
     previous_type: str | None = None  # the type of the last content-carrying chunk
     chunk: FrozenDict | None = None  # the chunk appended, folded after its append (§9.7 (R9.7))
     stop: _Ending | None = None  # raised once the release is delivered (P5)
+    interrupted: bool = False  # D15: the abort stopped the stream: keep what it delivered
 
     def copy(self) -> Self:
         new = _shallow(self)
@@ -2227,6 +2229,10 @@ class ModelAgent:
             return PAUSE
         if frame.phase == "released":  # the release is delivered (P5): now the failure
             assert frame.stop is not None
+            if frame.interrupted:  # D15: first, what the stream delivered before the abort
+                frame.interrupted = False
+                if self._keep_interrupted(frame):
+                    return PAUSE
             raise _Stop(frame.stop.kind, frame.stop.error, frame.stop.failure)
         if frame.phase == "fold":
             folded = frame.chunk
@@ -2266,11 +2272,15 @@ class ModelAgent:
             error = completion.error
             if error.failure is not None:
                 raise _Stop("request", error, error.failure)
-            raise _raised(error)
+            return self._stopped(frame, _raised(error))
         if isinstance(completion, End):
+            if frame.finish is None:
+                return self._stopped(frame, _generic("model stream ended without a finish chunk",
+                                                     "InvalidChunkError", "INVALID_CHUNK"))
             return self._finished(frame)
         assert isinstance(completion, Chunk)
         if self._aborted(frame.signal):  # §9.7 step 1 (R9.7.1)
+            frame.interrupted = True  # D15
             return self._released(frame, _Ending("abort"))
         if frame.finish is not None:
             return self._released(frame, _generic("a chunk arrived after the finish chunk",
@@ -2291,6 +2301,38 @@ class ModelAgent:
         frame.chunk = chunk
         frame.phase = "fold"
         return PAUSE
+
+    def _stopped(self, frame: _Stream, stop: _Stop) -> _Signal:
+        """The stream ended in a generic failure (§9.7 (R9.7)); if the signal is aborted, the
+        cancel stopped it, and D15 keeps what it delivered before *stop* is raised."""
+        if not self._aborted(frame.signal):
+            raise stop
+        frame.stop, frame.interrupted = stop.ending, True
+        frame.phase = "released"
+        return self._stream(frame, None)
+
+    def _keep_interrupted(self, frame: _Stream) -> bool:
+        """D15: the stream's text and reasoning blocks that are not blank, in stream order, as
+        the step's ``assistant/message`` marked ``interrupted``; False when there are none."""
+        kept = [b for b in frame.content if isinstance(b, FrozenDict)
+                and b.get("type") in ("text", "reasoning")
+                and str(b.get("text")).strip(WHITESPACE) != ""]
+        if not kept:
+            return False
+        config = frame.header["config"]
+        assert isinstance(config, FrozenDict)
+        source = freeze({"kind": "model", "provider": config["provider"],
+                         "model": config["model"]}, "source")
+        assert isinstance(source, FrozenDict)
+        seq = len(self.log)
+        message = Message(id=minted_id(self._mint, "assistant", seq), role="assistant",
+                          content=FrozenList(kept), source=source)
+        data: dict[str, JsonLike] = {"turn": self._turn, "step": self._step,
+                                     "message": _message_json(message), "interrupted": True}
+        if frame.usage is not None:
+            data["usage"] = frame.usage
+        self._append(ASSISTANT_MESSAGE, data, source_event_seqs=list(frame.seqs))
+        return True
 
     def _released(self, frame: _Stream, ending: _Ending) -> _Signal:
         """P5: release the stream; once the release is delivered, *ending* is raised."""

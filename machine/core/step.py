@@ -47,6 +47,7 @@ from machine.jsonvalue import (
 )
 from machine.vocabulary import (
     CHUNK_TYPES,
+    WHITESPACE,
     ErrorInfo,
     LlmFailure,
     Message,
@@ -162,6 +163,7 @@ class StepFrame(Frame):
     finish: FrozenDict | None = None
     usage: Frozen = None              # R9.8: the last usage chunk's figures
     failure: _Failure | None = None   # raised once its release notice is out
+    interrupted: bool = False         # D15: the abort stopped the stream; keep what it delivered
     calls: list[FrozenDict] = field(default_factory=list)   # R9.9: the message's tool calls
     concluded: bool = False
     took_steering: bool = False
@@ -295,20 +297,22 @@ class Step(ToolBatch):
         if kind == "raise":
             assert isinstance(value, ErrorInfo)
             if value.failure is None:                             # not a model failure
-                raise _Failure(value)
+                return self._stream_stopped(frame, _Failure(value))
             frame.phase = Step._step_request_failed
             return self._request_failed(value, value.failure, frame.prepared)
         if kind == "end":
             if frame.finish is None:
-                raise _Failure(ErrorInfo("model stream ended without a finish chunk",
-                                         "InvalidChunkError", "INVALID_CHUNK"))
+                return self._stream_stopped(frame, _Failure(ErrorInfo(
+                    "model stream ended without a finish chunk", "InvalidChunkError",
+                    "INVALID_CHUNK")))
             return Step._step_streamed(self, frame, None)
         if self._ctrl is not None and self._ctrl.aborted:        # R9.7.1
+            frame.interrupted = True
             release = self._release(frame.model)
             if release is not None:
                 frame.phase = Step._step_raise
                 return release
-            raise _Aborted()
+            return Step._step_raise(self, frame, None)
         problem: str | None = None
         chunk: FrozenDict | None = None
         if frame.finish is not None:
@@ -335,11 +339,50 @@ class Step(ToolBatch):
         frame.phase = Step._step_stream_wait
         return durable
 
+    def _stream_stopped(self, frame: StepFrame, failure: _Failure) -> Action:
+        """The stream ended in a generic failure (R9.7); with the signal aborted, that is the
+        cancel stopping it, and what it delivered is kept first (D15)."""
+        if self._ctrl is None or not self._ctrl.aborted:
+            raise failure
+        frame.failure, frame.interrupted = failure, True
+        return Step._step_raise(self, frame, None)
+
     def _step_raise(self, frame: StepFrame, _sent: object) -> Action:
-        """The stream was released (P5): the step fails, aborted or with its failure."""
+        """The stream was released (P5) or stopped: the step fails, aborted or with its
+        failure, once a stream the abort stopped has its interrupted message (D15)."""
+        if frame.interrupted:
+            frame.interrupted = False
+            durable = self._interrupted_message(frame)
+            if durable is not None:
+                frame.phase = Step._step_raise
+                return durable
         if frame.failure is not None:
             raise frame.failure
         raise _Aborted()
+
+    def _interrupted_message(self, frame: StepFrame) -> Action | None:
+        """D15: the text and reasoning the stream delivered before the abort stopped it (blocks
+        that are not blank, in stream order; tool calls and other blocks left out) become the
+        step's assistant message marked interrupted; nothing when there is none."""
+        kept = [block for block in _folded_blocks(frame.folded)
+                if block["type"] in ("text", "reasoning")
+                and str(block["text"]).strip(WHITESPACE)]
+        if not kept:
+            return None
+        assert frame.header is not None
+        config = frame.header["config"]
+        assert isinstance(config, FrozenDict)
+        seq = len(self.log)
+        source = freeze_source({"kind": "model", "provider": config["provider"],
+                                "model": config["model"]}, "message.source")
+        message = Message(id=minted_id(self._mint, "assistant", seq), role="assistant",
+                          content=FrozenList(kept), source=source)
+        data: dict[str, Frozen] = {"turn": frame.turn, "step": frame.step,
+                                   "message": frozen_message(message), "interrupted": True}
+        if frame.usage is not None:
+            data["usage"] = frame.usage
+        frame.folded = []
+        return self._commit(ev.ASSISTANT_MESSAGE, data, surface=True, sources=frame.chunk_seqs)
 
     def _step_request_failed(self, frame: StepFrame, outcome: _StepOutcome) -> Action:
         frame.result = outcome

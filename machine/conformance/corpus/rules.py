@@ -174,6 +174,70 @@ def request_error_retry_policy() -> Session:
     return s
 
 
+@scenario("R-interrupted-keeps-what-was-streamed",
+          "D15, R9.7: a cancel while the model streams keeps what the user watched stream: the "
+          "text and reasoning that are not blank, in stream order (a tool call and a blank text "
+          "left out), become the step's assistant message marked interrupted, with the usage "
+          "so far and every chunk as its sources, after the release and before step/end; the "
+          "next turn's request carries it",
+          ["D15", "R9.7", "R9.8", "R8.6", "R15.1", "L6", "L13", "P5"],
+          ["rule", "cancel", "differs-from-original", "D15"])
+def interrupted_keeps_what_was_streamed() -> Session:
+    s = started("ok", hold="model")
+    s.stream([{"type": "reasoning", "text": "the user wants "}, {"type": "reasoning", "text": "a poem"},
+              {"type": "text", "text": "Roses are "}, {"type": "text", "text": "red,"},
+              {"type": "tool-call", "id": "c1", "name": "rhyme", "arguments": "{}"},
+              {"type": "text", "text": " \n\t"}, {"type": "usage", "usage": {"outputTokens": 9}}],
+             end=False)
+    s.pump()
+    s.cancel()
+    s.run()
+    s.stream([{"type": "finish", "kind": "aborted"}])       # the adapter honours the abort
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH CH CH CH CH CH CH "
+                 "AM(1.1;reasoning+'Roses are red,';interrupted) SE(1.1) TE(1,aborted)")
+    (kept,) = s.data("assistant/message")
+    assert kept["interrupted"] is True and kept["usage"] == {"outputTokens": 9}
+    assert kept["message"]["content"] == [{"type": "reasoning", "text": "the user wants a poem"},
+                                          {"type": "text", "text": "Roses are red,"}]
+    (event,) = s.of("assistant/message")
+    assert event.source_event_seqs == tuple(e.seq for e in s.of("assistant/chunk"))
+    s.followup("go on")
+    s.run()
+    request = s.effects("model")[-1]
+    assert [m.role for m in request.history or ()] == ["user", "assistant", "user"]
+    return s
+
+
+@scenario("R-interrupted-nothing-to-keep",
+          "R9.7, R13.1 (D15 keeps nothing here): a cancel that stops a stream which delivered "
+          "only a tool call and blank text appends no assistant message; a provider failure "
+          "reported after a cancel is a request failure and keeps nothing of its stream",
+          ["R9.7", "R13.1", "R13.2", "R15.1", "P5"], ["rule", "cancel"])
+def interrupted_nothing_to_keep() -> Session:
+    s = started("ok", hold="model")
+    s.stream([{"type": "tool-call", "id": "c1", "name": "t", "arguments": "{}"},
+              {"type": "text", "text": "\u3000 "}], end=False)
+    s.pump()
+    s.cancel()
+    s.run()
+    s.fail_model(error("the signal was aborted", "AbortError"))
+    s.run()
+    s.hold("model")
+    s.followup("again")
+    s.run()
+    s.stream([{"type": "text", "text": "half a"}], end=False)
+    s.pump()
+    s.cancel()
+    s.run()
+    s.fail_model(model_failure("connection reset", "NETWORK_ERROR"))
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH CH SE(1.1) TE(1,aborted) "
+                 "TS(2,msg:user) UM('again') SS(2.1) CH SE(2.1) TE(2,aborted)")
+    assert not s.effects("request-error")
+    return s
+
+
 @scenario("R-invalid-chunks",
           "R9.7, R15.4: a text chunk without text releases the stream and fails the step with "
           "INVALID_CHUNK without being appended; a stream ending without a finish chunk fails "
