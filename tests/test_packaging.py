@@ -97,7 +97,8 @@ def test_the_wheel_installs_alone_and_works_from_an_empty_directory(tmp_path: Pa
     shipped = {f"machine/_specs/{n.removeprefix('specs/')}" for n in vectors} | {
         f"machine/_specs/conformance/{n}" for n in kit} | {
         "machine/py.typed", "machine/_model/py.typed", "machine/_specs/core.md",
-        "machine/_specs/protocol.md", "machine/_specs/examples/multi-turn-with-injection.jsonl"}
+        "machine/_specs/protocol.md", "machine/_specs/examples/multi-turn-with-injection.jsonl",
+        "machine/_specs/conformance/skeletons/adapter.ts"}
     assert shipped <= in_wheel, f"the wheel lacks {sorted(shipped - in_wheel)[:10]}"
     for line in ("Name: turnstile-agent", "License-Expression: MIT", "License-File: LICENSE",
                  "Requires-Dist: transitions>=0.9.1", "Provides-Extra: testing",

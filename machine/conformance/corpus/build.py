@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 
 from machine.conformance.corpus import scenarios
+from machine.conformance.ladder import ladder_tags
 from machine.conformance.vectors import dump_vector, parse_vector
 from machine.specfiles import spec_root
 
@@ -56,6 +57,8 @@ def build(prefixes: list[str] | None = None) -> tuple[dict[str, str], dict[str, 
             vector = item.build()
             if item.id in ORIGINAL_STEPS:
                 vector = dataclasses.replace(vector, original_step=ORIGINAL_STEPS[item.id])
+            if ladder_tags(item.id):                  # the kit's first vectors, in order
+                vector = dataclasses.replace(vector, tags=(*vector.tags, *ladder_tags(item.id)))
             text = dump_vector(vector)
             parse_vector(text, f"{item.id}.json")  # what is written must load
             texts[item.id] = text
