@@ -1389,7 +1389,7 @@ class ModelAgent:
             pass  # P14, §0.1 (R0.1) "contained", D7: observers run after commit; nothing to do here
         elif isinstance(item, Append):
             self.append(item.type, item.data, surface_op=item.surface_op,
-                        source_event_seqs=item.source_event_seqs)
+                        source_event_seqs=item.source_event_seqs, ignorable=item.ignorable)
         elif isinstance(item, Resolve):
             self.resolve(item.effect, item.value)
         elif isinstance(item, Raise):
@@ -1582,8 +1582,9 @@ class ModelAgent:
         self._cancel(CancelCause("disposed"), keep_inbox=False)
 
     def append(self, type: str, data: JsonLike, *, surface_op: JsonLike = None,
-               source_event_seqs: Sequence[int] | None = None) -> Event:
-        """P3: a direct append by extension code, checked before commit (§20.2 (R20.2), D7)."""
+               source_event_seqs: Sequence[int] | None = None, ignorable: bool = False) -> Event:
+        """P3: a direct append by extension code, checked before commit (§20.2 (R20.2), D7);
+        *ignorable* marks an extension event a resuming build may not read (D16)."""
         self._check_not_disposed()
         if isinstance(type, str):
             type = str.__str__(type)
@@ -1592,18 +1593,20 @@ class ModelAgent:
                 TOOL_CALL, TOOL_RESULT):
             # R20.4: while busy, the loop alone writes the records of its turns; a refusal
             # of the log's own comes first.
-            self.log.check(type, data, surface_op=surface_op, source_event_seqs=source_event_seqs)
+            self.log.check(type, data, surface_op=surface_op, source_event_seqs=source_event_seqs,
+                           ignorable=ignorable)
             raise InvariantError("R20.4", f"{type} is written by the loop itself: a direct "
                                  "append of it is refused while the agent is busy")
-        return self._command_append(type, data, surface_op, source_event_seqs)
+        return self._command_append(type, data, surface_op, source_event_seqs, ignorable)
 
     def _command_append(self, type_: str, data: JsonLike, surface_op: JsonLike = None,
-                        source_event_seqs: Sequence[int] | None = None) -> Event:
+                        source_event_seqs: Sequence[int] | None = None,
+                        ignorable: bool = False) -> Event:
         """P3, P16: a command's append; a failure of it other than the log's own refusal is
         raised as an InvariantError (nothing was appended)."""
         try:
             event = self.log.append(type_, data, surface_op=surface_op,
-                                    source_event_seqs=source_event_seqs)
+                                    source_event_seqs=source_event_seqs, ignorable=ignorable)
         except (TurnstileError, KeyboardInterrupt, SystemExit):
             raise
         except BaseException as error:

@@ -530,6 +530,27 @@ def test_D15_L6_an_interrupted_mark_is_true_or_absent() -> None:
     assert plain.data_as(AssistantMessageData).interrupted is False
 
 
+def test_D16_P3_an_append_marked_ignorable_is_committed_and_output_with_its_mark() -> None:
+    """D16, P3, P9: the append input's ``ignorable`` reaches the log and the durable output;
+    on a core type it is refused like any bad envelope (L3), nothing appended."""
+    def run(core: AgentCore) -> list[Any]:
+        driver = driven(core, ScriptedEnvironment())
+        core.feed(input_from_json({"in": "append", "type": "x-test/state", "data": {"n": 1},
+                                   "ignorable": True}))
+        with pytest.raises(InvariantError, match="cannot be ignorable"):
+            core.append("user/message", {"id": "m", "role": "user", "content": [],
+                                         "source": {"kind": "user"}},
+                        surface_op="append", ignorable=True)
+        driver.run()
+        (durable,) = [o for o in driver.outputs if isinstance(o, Durable)]
+        assert durable.to_json() == {"out": "event", "type": "x-test/state", "seq": 0,
+                                     "data": {"n": 1}, "ignorable": True}
+        return tokens(driver.outputs)
+    both(run)
+    with pytest.raises(CodecError, match="ignorable: must be true, or omitted"):
+        input_from_json({"in": "append", "type": "x/y", "data": {}, "ignorable": 1})
+
+
 # --------------------------------------------------------------------------
 # P14: observers that fail; P15: internal yields
 # --------------------------------------------------------------------------

@@ -48,7 +48,8 @@ INPUT_FIELDS: Final[dict[str, tuple[frozenset[str], frozenset[str]]]] = {
     "inject": (frozenset({"message"}), frozenset()),
     "cancel": (frozenset({"cause"}), frozenset({"keepInbox"})),
     "dispose": (frozenset(), frozenset()),
-    "append": (frozenset({"type", "data"}), frozenset({"surfaceOp", "sourceEventSeqs"})),
+    "append": (frozenset({"type", "data"}), frozenset({"surfaceOp", "sourceEventSeqs",
+                                                        "ignorable"})),
     "observer": (frozenset({"action"}), frozenset()),
     "resolve": (frozenset({"effect"}), frozenset({"value"})),
     "raise": (frozenset({"effect", "error"}), frozenset()),
@@ -386,8 +387,8 @@ def _output_step(raw: dict[str, Any], path: jsoncmp.Path, note: str | None) -> S
     fields = set(value) - {"out"}
     if kind == "event":
         for key in fields:
-            _require(key in ("type", "seq", "data", "surfaceOp", "sourceEventSeqs"), (*path, key),
-                     "unknown field for a durable event (time is omitted in vectors)")
+            _require(key in ("type", "seq", "data", "surfaceOp", "sourceEventSeqs", "ignorable"),
+                     (*path, key), "unknown field for a durable event (time is omitted in vectors)")
         for key in ("type", "seq", "data"):
             _require(key in value, (*path, key), "is missing")
         _require(isinstance(value["type"], str) and value["type"] != "", (*path, "type"),
@@ -398,6 +399,8 @@ def _output_step(raw: dict[str, Any], path: jsoncmp.Path, note: str | None) -> S
         seqs = value.get("sourceEventSeqs", [])
         _require(isinstance(seqs, list) and all(type(s) is int for s in seqs),
                  (*path, "sourceEventSeqs"), "must be an array of integers")
+        _require(value.get("ignorable", True) is True, (*path, "ignorable"),
+                 "must be true, or omitted (D16)")
     elif kind == "live":
         _require(isinstance(value.get("type"), str) and value.get("type") != "", (*path, "type"),
                  "a live notification needs a non-empty string type")

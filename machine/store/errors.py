@@ -142,6 +142,20 @@ class UnsupportedFormatError(StoreError):
     code = "UNSUPPORTED_FORMAT"
 
 
+class UnreadableSessionError(StoreError):
+    """D16, S33: a session holds an event whose type this build does not read, and its writer
+    did not mark it ignorable; resuming it would go on from a history read in part.
+
+    ``seq`` and ``event_type`` name the first such event; the session was released again."""
+
+    code = "UNREADABLE_SESSION"
+
+    def __init__(self, message: str, *, seq: int, event_type: str) -> None:
+        super().__init__(message)
+        self.seq = seq
+        self.event_type = event_type
+
+
 class OpenTurnError(StoreError):
     """A fork boundary lies inside an open turn (§24.1, S17)."""
 
