@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from machine.cli import main
-from machine.runtime.demo import PROVIDER_REFUSAL, _Said, adjacency_problem, run_demo
+from machine.runtime.demo import _Said, chat_refusal, run_demo
 
 SCENES = ("1. The user types while a tool runs", "2. Messages that arrive as a turn ends",
           "3. A cancel in the middle of an answer", "4. A blocked prompt")
@@ -31,7 +31,9 @@ def test_the_demo_tells_each_scene_without_and_with_turnstile_in_plain_words(
     for internal in ("wake tick", "signal id", "ctl ", "window", "outbox", "flush"):
         assert internal not in text, internal
     # 1: the naive order is refused as a provider refuses it; turnstile's is not
-    assert f"refused by the provider (HTTP 400): {PROVIDER_REFUSAL}" in text
+    assert ("refused by the provider (HTTP 400): An assistant message with 'tool_calls' must "
+            "be followed by tool messages responding to each 'tool_call_id'. The following "
+            "tool_call_ids did not have response messages: call-1") in text
     scene_1 = text[text.index(SCENES[0]):text.index(SCENES[1])]
     with_1 = scene_1[scene_1.index("With turnstile"):]
     assert with_1.index("result of call-1") < with_1.index("'use staging.toml instead'")
@@ -47,14 +49,15 @@ def test_the_demo_tells_each_scene_without_and_with_turnstile_in_plain_words(
     assert "no conformance vectors under" in text          # no corpus here: skipped, not failed
 
 
-def test_the_provider_rule_the_demo_checks() -> None:
-    call = _Said("assistant", "calls read", ("c1", "c2"))
+def test_the_demo_asks_the_providers_rules() -> None:
+    """The demo's verdicts are machine.providers' rules over the messages it shows."""
+    call = _Said("assistant", "reading", ("c1", "c2"))
     result_1, result_2 = _Said("tool", "r1", answers="c1"), _Said("tool", "r2", answers="c2")
     user = _Said("user", "hi")
-    assert adjacency_problem([user, call, result_2, result_1, user]) is None
-    assert adjacency_problem([call, result_1, user, result_2]) is not None
-    assert adjacency_problem([call, result_1]) is not None      # one call never answered
-    assert adjacency_problem([user, _Said("assistant", "hello"), user]) is None
+    assert chat_refusal([user, call, result_2, result_1, user]) is None
+    refused = chat_refusal([user, call, result_1, user, result_2])
+    assert refused is not None and "did not have response messages: c2" in refused
+    assert chat_refusal([user, _Said("assistant", "hello"), user]) is None
 
 
 def test_turnstile_demo_replays_the_corpus_in_colour_on_request(

@@ -33,8 +33,9 @@ from typing import Final, TextIO
 from machine.events import Event, LiveEvent
 from machine.jsonvalue import Frozen, FrozenDict, FrozenList
 from machine.log import validate_events
+from machine.providers import chat_refusals
 from machine.runtime.agent import Agent
-from machine.runtime.hooks import Next, PromptSubmit
+from machine.runtime.hooks import JsonValue, Next, PromptSubmit
 from machine.runtime.model import Hang, ScriptedModel, calls_reply, text_reply
 from machine.runtime.sink import InMemorySink
 from machine.runtime.tools import Tool, ToolCall
@@ -250,22 +251,21 @@ class _Said:
         return cls(message.role, shown, calls)
 
 
-#: What OpenAI's Chat Completions API answers (HTTP 400) to a request whose tool results do
-#: not follow the assistant message that called them (see the providers' request rules).
-PROVIDER_REFUSAL: Final = ("An assistant message with 'tool_calls' must be followed by tool "
-                           "messages responding to each 'tool_call_id'.")
-
-
-def adjacency_problem(messages: Sequence[_Said]) -> str | None:
-    """The providers' rule: the results of an assistant message's tool calls come right after
-    it, one per call, before any other message. None when *messages* keep it."""
-    for index, said in enumerate(messages):
-        if not said.calls:
-            continue
-        answered = [m.answers for m in messages[index + 1:index + 1 + len(said.calls)]]
-        if sorted(answered) != sorted(said.calls):
-            return f"{PROVIDER_REFUSAL} (call {', '.join(said.calls)}: not answered next)"
-    return None
+def chat_refusal(messages: Sequence[_Said]) -> str | None:
+    """What the Chat Completions API answers (HTTP 400) to these messages, by the providers'
+    rules (`machine.providers.rules`, specs/providers.md); None when it accepts them."""
+    body: list[dict[str, JsonValue]] = []
+    for said in messages:
+        if said.role == "tool":
+            body.append({"role": "tool", "tool_call_id": said.answers, "content": said.text})
+        elif said.calls:
+            body.append({"role": "assistant", "content": said.text, "tool_calls": [
+                {"id": call, "type": "function",
+                 "function": {"name": "read", "arguments": "{}"}} for call in said.calls]})
+        else:
+            body.append({"role": said.role, "content": said.text})
+    refusals = chat_refusals({"model": "demo-1", "messages": body})
+    return refusals[0].message if refusals else None
 
 
 async def _session(printer: _Printer) -> tuple[Agent, InMemorySink]:
@@ -321,7 +321,7 @@ async def _session(printer: _Printer) -> tuple[Agent, InMemorySink]:
         printer.side("Without turnstile: a loop that writes each message the moment it arrives "
                      "puts it between the call and its result; the next request is", False)
         printer.conversation(naive)
-        problem = adjacency_problem(naive)
+        problem = chat_refusal(naive)
         printer.verdict(f"refused by the provider (HTTP 400): {problem}", problem is None)
         after = [_Said.of(m) for m in model.calls[1].messages]
         printer.side("With turnstile: the message waits for the step to end, then joins the "
@@ -330,7 +330,7 @@ async def _session(printer: _Printer) -> tuple[Agent, InMemorySink]:
         answer = model_answer(agent, 1)
         printer.verdict("every tool result follows its call; the model answers the new "
                         f"instruction in the same turn: {_quote(answer, 80)}",
-                        adjacency_problem(after) is None)
+                        chat_refusal(after) is None)
 
         # -- 2 -------------------------------------------------------------------------
         printer.heading(2, "Messages that arrive as a turn ends", [
