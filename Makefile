@@ -6,7 +6,7 @@ STAMP_RUN := $(VENV)/.installed-run
 STAMP_DEV := $(VENV)/.installed-dev
 STAMP_BENCH := $(VENV)/.installed-bench
 
-.PHONY: demo test lint typecheck pytest diagrams check-deep clean mutation mutation-sample
+.PHONY: wheel demo test lint typecheck pytest diagrams check-deep clean mutation mutation-sample
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -25,17 +25,16 @@ $(STAMP_DEV): pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@ $(STAMP_RUN)
 
-# The demo: the example logs' verdicts, then a narrated session through the runtime,
-# which ends by checking the conformance corpus. Two example logs are broken on purpose
-# (to show what `log validate` reports), so that command must exit 1 for them.
-EXAMPLE_LOGS_VALID := specs/examples/multi-turn-with-injection.jsonl
-EXAMPLE_LOGS_BROKEN := specs/examples/enclosure-violation.jsonl specs/examples/torn-line.jsonl
+# A wheel to install turnstile anywhere (README, "Install"): built by pip in an isolated
+# build environment from this checkout, without its dependencies.
+wheel: | $(BIN)/python
+	rm -rf build
+	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir dist .
+	@ls dist/turnstile_agent-*.whl
+
+# The demo: what goes wrong at an agent loop's seams and what turnstile does instead, told
+# through the runtime; it ends by replaying the conformance corpus through it.
 demo: $(STAMP_RUN)
-	@echo "turnstile log validate: a valid example log"
-	@$(BIN)/turnstile log validate $(EXAMPLE_LOGS_VALID)
-	@echo "turnstile log validate: two example logs broken on purpose (each verdict names the first problem)"
-	@$(BIN)/turnstile log validate $(EXAMPLE_LOGS_BROKEN); test $$? -eq 1
-	@echo
 	$(BIN)/turnstile demo
 
 lint: $(STAMP_DEV)

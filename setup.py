@@ -33,6 +33,7 @@ SPEC_FILES = (
     "conformance/*.md",
     "conformance/*.json",
     "conformance/vectors/*.json",
+    "conformance/skeletons/*.ts",
 )
 SHIPPED_SPECS = Path("machine", "_specs")
 

@@ -119,6 +119,9 @@ class Event:
     data: FrozenDict
     surface_op: Frozen = None
     source_event_seqs: FrozenList | None = None
+    #: D16: its writer says a build that does not read this (extension) type may resume the
+    #: session all the same; the log refuses it on a core type (L3).
+    ignorable: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.type, str) or not self.type:
@@ -152,6 +155,8 @@ class Event:
             if not isinstance(seqs, FrozenList) or not set(map(type, seqs)) <= _INT_ONLY:
                 raise ValidationError("event.sourceEventSeqs", "must be a list of integers")
             object.__setattr__(self, "source_event_seqs", seqs)
+        if self.ignorable is not False and self.ignorable is not True:
+            raise ValidationError("event.ignorable", f"must be a bool, not {self.ignorable!r}")
 
     @property
     def is_surface(self) -> bool:
@@ -190,6 +195,8 @@ class Event:
             extra += f", surface_op={thaw(self.surface_op)!r}"
         if self.source_event_seqs is not None:
             extra += f", source_event_seqs={list(self.source_event_seqs)!r}"
+        if self.ignorable:
+            extra += ", ignorable=True"
         return (f"Event(seq={self.seq}, type={self.type!r}, data={thaw(self.data)!r}{extra}, "
                 f"time={self.time!r})")
 
@@ -202,6 +209,8 @@ class Event:
             out["surfaceOp"] = thaw(self.surface_op)
         if self.source_event_seqs is not None:
             out["sourceEventSeqs"] = list(self.source_event_seqs)
+        if self.ignorable:
+            out["ignorable"] = True
         return out
 
     @classmethod
@@ -209,7 +218,8 @@ class Event:
         """Decode the JSON form; shape only (the session invariants are the log's job)."""
         if not isinstance(value, dict):
             raise CodecError(path, "must be an object {type, seq, time, data, ...}")
-        extra = set(value) - {"type", "seq", "time", "data", "surfaceOp", "sourceEventSeqs"}
+        extra = set(value) - {"type", "seq", "time", "data", "surfaceOp", "sourceEventSeqs",
+                              "ignorable"}
         if extra:
             names = ", ".join(sorted(repr(k) for k in extra))
             raise CodecError(path, f"unexpected field(s) {names}")
@@ -219,9 +229,12 @@ class Event:
         for key in ("surfaceOp", "sourceEventSeqs"):
             if key in value and value[key] is None:
                 raise CodecError(f"{path}.{key}", "must be omitted rather than null")
+        if "ignorable" in value and value["ignorable"] is not True:
+            raise CodecError(f"{path}.ignorable", "must be true, or omitted (D16)")
         try:
             return cls(value["type"], value["seq"], value["time"], value["data"],
-                       value.get("surfaceOp"), value.get("sourceEventSeqs"))
+                       value.get("surfaceOp"), value.get("sourceEventSeqs"),
+                       "ignorable" in value)
         except ValidationError as exc:
             raise _rebase_codec(exc, "event", path) from None
 
@@ -237,13 +250,14 @@ def _slot_setter(name: str) -> Callable[[Event, object], None]:
 
 # For `checked_event` (see there).
 _NEW = object.__new__
-_SET_TYPE, _SET_SEQ, _SET_TIME, _SET_DATA, _SET_OP, _SET_SEQS = (
+_SET_TYPE, _SET_SEQ, _SET_TIME, _SET_DATA, _SET_OP, _SET_SEQS, _SET_IGNORABLE = (
     _slot_setter(name) for name in ("type", "seq", "time", "data", "surface_op",
-                                    "source_event_seqs"))
+                                    "source_event_seqs", "ignorable"))
 
 
 def checked_event(type_: str, seq: int, time: int | float, data: FrozenDict,
-                  surface_op: Frozen, source_event_seqs: FrozenList | None) -> Event:
+                  surface_op: Frozen, source_event_seqs: FrozenList | None,
+                  ignorable: bool = False) -> Event:
     """``Event(type_, seq, time, data, surface_op, source_event_seqs)`` for the session log's
     commit, whose checks (L3) have just covered what `Event.__post_init__` checks of the type
     (a non-empty str), seq (the next index) and surfaceOp (frozen). The rest takes the
@@ -259,7 +273,7 @@ def checked_event(type_: str, seq: int, time: int | float, data: FrozenDict,
             or (source_event_seqs is not None and (type(source_event_seqs) is not FrozenList
                                                    or not set(map(type, source_event_seqs))
                                                    <= _INT_ONLY))):
-        return Event(type_, seq, time, data, surface_op, source_event_seqs)
+        return Event(type_, seq, time, data, surface_op, source_event_seqs, ignorable)
     event: Event = _NEW(Event)
     _SET_TYPE(event, type_)
     _SET_SEQ(event, seq)
@@ -267,31 +281,33 @@ def checked_event(type_: str, seq: int, time: int | float, data: FrozenDict,
     _SET_DATA(event, data)
     _SET_OP(event, surface_op)
     _SET_SEQS(event, source_event_seqs)
+    _SET_IGNORABLE(event, ignorable is True)
     return event
 
 
 #: A durable event in compact form: (type, seq, time, data as compact JSON text, surfaceOp,
-#: sourceEventSeqs as a plain tuple). Why: a tuple of strings and numbers is not tracked by
+#: sourceEventSeqs as a plain tuple, ignorable). Why: a tuple of strings and numbers is not tracked by
 #: CPython's cyclic garbage collector, which otherwise walks every retained event (about
 #: five objects each) at every full collection, so that the cost per turn would grow with
 #: the session; it also takes less memory. The session log and the in-memory store keep
 #: events in this form (specs/log.md, L1).
-EventRecord: TypeAlias = "tuple[str, int, int | float, str, Frozen, tuple[int, ...] | None]"
+EventRecord: TypeAlias = "tuple[str, int, int | float, str, Frozen, tuple[int, ...] | None, bool]"
 
 
 def event_record(event: Event) -> EventRecord:
     """The compact form of *event* (`event_from_record` gives back an equal Event)."""
     seqs = event.source_event_seqs
     return (event.type, event.seq, event.time, compact_json(event.data), event.surface_op,
-            None if seqs is None else tuple(seqs))  # type: ignore[arg-type]
+            None if seqs is None else tuple(seqs), event.ignorable)  # type: ignore[arg-type]
 
 
 def event_from_record(record: EventRecord) -> Event:
     """The Event a record was made from (equal to it; its data the same JSON value)."""
-    type_, seq, time, text, op, seqs = record
+    type_, seq, time, text, op, seqs, ignorable = record
     data = frozen_from_json(text)
     assert type(data) is FrozenDict
-    return Event(type_, seq, time, data, op, None if seqs is None else FrozenList._adopt(seqs))
+    return Event(type_, seq, time, data, op, None if seqs is None else FrozenList._adopt(seqs),
+                 ignorable)
 
 
 @immutable_value

@@ -148,6 +148,7 @@ class Append:
     data: JsonLike
     surface_op: JsonLike = None
     source_event_seqs: tuple[int, ...] | None = None
+    ignorable: bool = False       # D16: an extension event a resuming build may not read
 
     def to_json(self) -> dict[str, JsonLike]:
         out: dict[str, JsonLike] = {"in": "append", "type": self.type, "data": self.data}
@@ -155,6 +156,8 @@ class Append:
             out["surfaceOp"] = self.surface_op
         if self.source_event_seqs is not None:
             out["sourceEventSeqs"] = list(self.source_event_seqs)
+        if self.ignorable:
+            out["ignorable"] = True
         return out
 
 
@@ -234,7 +237,7 @@ def input_from_json(value: JsonLike, path: str = "input") -> Input:
         "send": {"in", "message", "options"}, "followup": {"in", "message"},
         "steer": {"in", "message"}, "inject": {"in", "message"},
         "cancel": {"in", "cause", "keepInbox"}, "dispose": {"in"},
-        "append": {"in", "type", "data", "surfaceOp", "sourceEventSeqs"},
+        "append": {"in", "type", "data", "surfaceOp", "sourceEventSeqs", "ignorable"},
         "observer": {"in", "action"},
         "resolve": {"in", "effect", "value"}, "raise": {"in", "effect", "error"},
         "chunk": {"in", "effect", "chunk"}, "end": {"in", "effect"},
@@ -267,8 +270,10 @@ def input_from_json(value: JsonLike, path: str = "input") -> Input:
         if seqs is not None and (not isinstance(seqs, list)
                                  or not all(type(s) is int for s in seqs)):
             raise CodecError(f"{path}.sourceEventSeqs", "must be a list of integers")
+        if "ignorable" in value and value["ignorable"] is not True:
+            raise CodecError(f"{path}.ignorable", "must be true, or omitted (D16)")
         return Append(value["type"], value.get("data"), value.get("surfaceOp"),
-                      None if seqs is None else tuple(seqs))
+                      None if seqs is None else tuple(seqs), "ignorable" in value)
     effect = _effect_id(value, path)
     if kind == "resolve":
         return Resolve(effect, value.get("value"))

@@ -27,6 +27,7 @@ from machine.events import (
     APPEND,
     ASSISTANT_CHUNK,
     ASSISTANT_MESSAGE,
+    CORE_EVENT_TYPES,
     REQUEST_HEADER,
     STEERING_MESSAGE,
     STEP_END,
@@ -340,6 +341,17 @@ class LogMark:
     rules: tuple[tuple[str, EventRule], ...] = ()
 
 
+def _check_ignorable(type_: str, ignorable: object) -> None:
+    """L3, D16: ``ignorable`` is true or absent, and only on an extension type: a build always
+    reads the core's own types."""
+    if ignorable is not True:
+        _fail("L3", f"{type_}: ignorable must be a bool (true marks the event), not "
+              f"{shown(ignorable)}")
+    if type_ in CORE_EVENT_TYPES:
+        _fail("L3", f"{type_} cannot be ignorable: a build always reads the core's own event "
+              "types (only extension events may be marked ignorable)")
+
+
 class SessionLog:
     """An append-only session log that checks every append before commit (L1–L14).
 
@@ -486,11 +498,13 @@ class SessionLog:
 
     def check(self, type: str, data: Mapping[str, object] | Message, *,
               surface_op: str | Mapping[str, object] | None = None,
-              source_event_seqs: Sequence[int] | None = None) -> None:
+              source_event_seqs: Sequence[int] | None = None, ignorable: bool = False) -> None:
         """Raise `InvariantError` if this append would break an invariant (L2). Pure."""
         if builtins.type(type) is not str or not type.isascii():
             type = _event_type(type)
         frozen_data, frozen_op, frozen_seqs = _freeze_envelope(data, surface_op, source_event_seqs)
+        if ignorable is not False:
+            _check_ignorable(type, ignorable)
         message = self._verdict(type, frozen_data, frozen_op, frozen_seqs)
         # Why (performance): a store checks each append before writing it and commits the
         # same values right after (S5). Remember this verdict, so that a commit of the very
@@ -503,15 +517,18 @@ class SessionLog:
 
     def commit(self, type: str, data: Mapping[str, object] | Message, *,
                surface_op: str | Mapping[str, object] | None = None,
-               source_event_seqs: Sequence[int] | None = None) -> Event:
+               source_event_seqs: Sequence[int] | None = None, ignorable: bool = False) -> Event:
         """Snapshot, check (L2) and commit one event; no observer delivery.
 
         A `Message` may stand for a message mapping (as *data* itself or as a
-        top-level value of it).
+        top-level value of it). *ignorable* marks an extension event a build that does not
+        read its type may resume past (D16).
         """
         if builtins.type(type) is not str or not type.isascii():   # Why: the usual type, at once
             type = _event_type(type)
         frozen_data, frozen_op, frozen_seqs = _freeze_envelope(data, surface_op, source_event_seqs)
+        if ignorable is not False:
+            _check_ignorable(type, ignorable)
         checked, self._checked = self._checked, None
         if (checked is not None and checked[0] == type and checked[1] is frozen_data
                 and checked[2] is frozen_op and checked[3] is frozen_seqs
@@ -520,7 +537,7 @@ class SessionLog:
         else:
             message = self._verdict(type, frozen_data, frozen_op, frozen_seqs)
         event = checked_event(type, len(self._records), self._stamp(type), frozen_data,
-                              frozen_op, frozen_seqs)
+                              frozen_op, frozen_seqs, ignorable)
         self._store(event, message)
         return event
 
@@ -541,7 +558,7 @@ class SessionLog:
 
     def append(self, type: str, data: Mapping[str, object] | Message, *,
                surface_op: str | Mapping[str, object] | None = None,
-               source_event_seqs: Sequence[int] | None = None) -> Event:
+               source_event_seqs: Sequence[int] | None = None, ignorable: bool = False) -> Event:
         """Commit one event, then deliver it to the observers (L11, L12).
 
         Made during a delivery (by an observer), the event commits at once but
@@ -549,7 +566,7 @@ class SessionLog:
         the outermost append returns after all such deliveries are done.
         """
         event = self.commit(type, data, surface_op=surface_op,
-                            source_event_seqs=source_event_seqs)
+                            source_event_seqs=source_event_seqs, ignorable=ignorable)
         self._undelivered.append(event)
         if not self._delivering:
             self._deliver_all()
@@ -618,6 +635,8 @@ class SessionLog:
         if isinstance(event.time, bool) or not isinstance(event.time, (int, float)):
             _fail("L3", f"{event.type}: time must be a number of epoch milliseconds")
         data, op, seqs = _freeze_envelope(event.data, event.surface_op, event.source_event_seqs)
+        if event.ignorable:
+            _check_ignorable(event.type, True)
         message = self._verdict(event.type, data, op, seqs)
         unchanged = (data is event.data and op is event.surface_op
                      and seqs is event.source_event_seqs)
@@ -807,6 +826,9 @@ class SessionLog:
         message = _message_field(ASSISTANT_MESSAGE, data, validate_assistant_message)
         if "usage" in data and not isinstance(data["usage"], FrozenDict):
             _fail("L6", "assistant/message: data.usage must be a mapping")
+        if "interrupted" in data and data["interrupted"] is not True:      # D15
+            _fail("L6", "assistant/message: data.interrupted, when present, must be true, got "
+                  f"{shown(data['interrupted'])}")
         return message
 
     def _check_tool_call(self, data: FrozenDict, _op: Frozen) -> None:

@@ -225,19 +225,24 @@ class AssistantChunkData:
 
 @dataclass(frozen=True, slots=True)
 class AssistantMessageData:
-    """``assistant/message {turn, step, message, usage?}``."""
+    """``assistant/message {turn, step, message, interrupted?, usage?}``: ``interrupted`` is
+    true for what a stream delivered before a cancel stopped it (D15)."""
 
     TYPE: ClassVar[str] = "assistant/message"
     turn: int
     step: int
     message: Message
     usage: FrozenDict | None = None
+    interrupted: bool = False
 
     @classmethod
     def from_data(cls, data: FrozenDict, where: str = "data") -> AssistantMessageData:
+        interrupted = data.get("interrupted", False)
+        if type(interrupted) is not bool:
+            raise ValidationError(f"{where}.interrupted", "must be a bool")
         return cls(_int(data, "turn", where), _int(data, "step", where),
                    Message.from_json(_field(data, "message", where), f"{where}.message"),
-                   _mapping(data, "usage", where, optional=True))
+                   _mapping(data, "usage", where, optional=True), interrupted)
 
 
 @dataclass(frozen=True, slots=True)

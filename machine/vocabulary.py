@@ -969,6 +969,11 @@ FINISH_KINDS = frozenset({"stop", "max-tokens", "error", "aborted"})
 #: (D5). The log (L6) accepts any string type, so logs of other implementations load.
 CHUNK_TYPES = frozenset({"text", "reasoning", "tool-call", "block", "usage", "finish"})
 
+#: The characters ECMAScript's ``String.prototype.trim`` removes (its WhiteSpace and
+#: LineTerminator): text made only of these is blank, whatever the language of a port (D15).
+WHITESPACE = ("\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
+              "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff")
+
 
 def validate_chunk(value: JsonLike, path: str = "chunk") -> FrozenDict:
     """Rule V18: a chunk is a JSON mapping with a string ``type``; a usage chunk carries a

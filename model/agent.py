@@ -44,7 +44,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
-from typing import TYPE_CHECKING, ClassVar, Literal, Self, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Final, Literal, Self, TypeAlias, TypeVar
 
 from machine.core import CoreConfig
 from machine.errors import (
@@ -125,6 +125,7 @@ from machine.jsonvalue import (
 )
 from machine.log import SessionLog
 from machine.vocabulary import (
+    WHITESPACE,
     Allow,
     CancelCause,
     ErrorInfo,
@@ -425,15 +426,15 @@ def _plan_arguments(raw: str) -> Frozen:
 
 def _header_problem(value: JsonLike) -> str | None:
     """P13: the request effect's value must be JSON of the shape ``{config, system?,
-    tools?}`` with a mapping ``config``. (The texts are the project's; P13 does not state
-    them.)"""
+    tools?, retryPolicy?}`` with a mapping ``config``. (The texts are the project's; P13 does
+    not state them.)"""
     try:
         header = freeze(value, "header")
     except ValidationError as exc:
         return str(exc)
     if not isinstance(header, FrozenDict) or not isinstance(header.get("config"), FrozenDict):
         return "the request header must be a mapping {config, system?, tools?}"
-    extra = sorted(set(header) - {"config", "system", "tools"})
+    extra = sorted(set(header) - {"config", "system", "tools", "retryPolicy"})
     if extra:
         return f"unexpected header field(s) {extra}"
     return None
@@ -696,6 +697,10 @@ class _Drain(_Frame):
     message: Message | None = None  # the steering item whose dequeue notice was just queued
 
 
+#: §9.6 (R9.6): a request resolution that named nothing beside its header.
+_NOTHING_PREPARED: Final = FrozenDict()
+
+
 @dataclass
 class _Step(_Frame):
     """One step (§9.1–§9.10 (R9.1–R9.10))."""
@@ -711,6 +716,8 @@ class _Step(_Frame):
     system: Frozen = None  # §9.3 (R9.3)
     history_end: int = 0  # §9.4 (R9.4)
     header: FrozenDict | None = None  # §9.6 (R9.6)
+    # §9.6 (R9.6): the prepared request's {retryPolicy} when its preparation named one
+    prepared: FrozenDict = _NOTHING_PREPARED
     calls: tuple[FrozenDict, ...] = ()  # the answer's tool-call blocks (§9.9 (R9.9))
     max_tokens: bool = False  # §9.8 (R9.8), §14.1 (R14.1)
     concluded: bool = False  # §10.6 (R10.6)
@@ -726,6 +733,7 @@ class _BuildRequest(_Frame):
     phase: Literal["start", "request-requested", "await-request", "logged"] = "start"
     effect: int = -1
     header: FrozenDict | None = None
+    prepared: FrozenDict = _NOTHING_PREPARED
 
 
 @dataclass
@@ -744,6 +752,7 @@ class _Stream(_Frame):
     previous_type: str | None = None  # the type of the last content-carrying chunk
     chunk: FrozenDict | None = None  # the chunk appended, folded after its append (§9.7 (R9.7))
     stop: _Ending | None = None  # raised once the release is delivered (P5)
+    interrupted: bool = False  # D15: the abort stopped the stream: keep what it delivered
 
     def copy(self) -> Self:
         new = _shallow(self)
@@ -758,6 +767,7 @@ class _RequestFailure(_Frame):
 
     signal: int
     ending: _Ending
+    prepared: FrozenDict = _NOTHING_PREPARED
     phase: Literal["start", "step-ended", "request-error-requested", "await-request-error",
                    "record", "done"] = "start"
     effect: int = -1
@@ -1242,7 +1252,7 @@ class ModelAgent:
         if (isinstance(frame, _Step) and frame.phase == "streamed" and isinstance(error, _Stop)
                 and error.ending.kind == "request"):
             frame.phase = "request-failed"
-            return self._call(_RequestFailure(frame.signal, error.ending))
+            return self._call(_RequestFailure(frame.signal, error.ending, frame.prepared))
         raise error
 
     def _call(self, child: _Frame) -> _Signal:
@@ -1379,7 +1389,7 @@ class ModelAgent:
             pass  # P14, §0.1 (R0.1) "contained", D7: observers run after commit; nothing to do here
         elif isinstance(item, Append):
             self.append(item.type, item.data, surface_op=item.surface_op,
-                        source_event_seqs=item.source_event_seqs)
+                        source_event_seqs=item.source_event_seqs, ignorable=item.ignorable)
         elif isinstance(item, Resolve):
             self.resolve(item.effect, item.value)
         elif isinstance(item, Raise):
@@ -1572,8 +1582,9 @@ class ModelAgent:
         self._cancel(CancelCause("disposed"), keep_inbox=False)
 
     def append(self, type: str, data: JsonLike, *, surface_op: JsonLike = None,
-               source_event_seqs: Sequence[int] | None = None) -> Event:
-        """P3: a direct append by extension code, checked before commit (§20.2 (R20.2), D7)."""
+               source_event_seqs: Sequence[int] | None = None, ignorable: bool = False) -> Event:
+        """P3: a direct append by extension code, checked before commit (§20.2 (R20.2), D7);
+        *ignorable* marks an extension event a resuming build may not read (D16)."""
         self._check_not_disposed()
         if isinstance(type, str):
             type = str.__str__(type)
@@ -1582,18 +1593,20 @@ class ModelAgent:
                 TOOL_CALL, TOOL_RESULT):
             # R20.4: while busy, the loop alone writes the records of its turns; a refusal
             # of the log's own comes first.
-            self.log.check(type, data, surface_op=surface_op, source_event_seqs=source_event_seqs)
+            self.log.check(type, data, surface_op=surface_op, source_event_seqs=source_event_seqs,
+                           ignorable=ignorable)
             raise InvariantError("R20.4", f"{type} is written by the loop itself: a direct "
                                  "append of it is refused while the agent is busy")
-        return self._command_append(type, data, surface_op, source_event_seqs)
+        return self._command_append(type, data, surface_op, source_event_seqs, ignorable)
 
     def _command_append(self, type_: str, data: JsonLike, surface_op: JsonLike = None,
-                        source_event_seqs: Sequence[int] | None = None) -> Event:
+                        source_event_seqs: Sequence[int] | None = None,
+                        ignorable: bool = False) -> Event:
         """P3, P16: a command's append; a failure of it other than the log's own refusal is
         raised as an InvariantError (nothing was appended)."""
         try:
             event = self.log.append(type_, data, surface_op=surface_op,
-                                    source_event_seqs=source_event_seqs)
+                                    source_event_seqs=source_event_seqs, ignorable=ignorable)
         except (TurnstileError, KeyboardInterrupt, SystemExit):
             raise
         except BaseException as error:
@@ -2090,11 +2103,13 @@ class ModelAgent:
             frame.phase = "request-built"
             return self._call(_BuildRequest(frame.signal, frame.system))  # §9.6 (R9.6)
         if frame.phase == "request-built":
-            assert isinstance(sent, FrozenDict)
-            frame.header = sent
+            assert isinstance(sent, tuple)
+            header, frame.prepared = sent
+            assert isinstance(header, FrozenDict)
+            frame.header = header
             # a request failure of the stream is handled by the step (`_catch`, §13.2 (R13.2))
             frame.phase = "streamed"
-            return self._call(_Stream(frame.signal, sent, frame.history_end))
+            return self._call(_Stream(frame.signal, header, frame.history_end))
         if frame.phase == "streamed":
             answer = sent
             assert isinstance(answer, _Answer) and frame.header is not None
@@ -2152,8 +2167,9 @@ class ModelAgent:
 
     def _build_request(self, frame: _BuildRequest, sent: object) -> _Signal:
         """§9.6 (R9.6), P13: the seed config, the request effect (request extension point and
-        preparation), validation of the header, and the ``request/header`` append. Returns
-        the header."""
+        preparation), validation of its resolution, and the ``request/header`` append. Returns
+        the header and what the resolution says of the prepared request beside it (its
+        ``retryPolicy``, not part of the header; empty without one)."""
         if frame.phase == "start":
             if not self._header_logged:
                 seed: JsonLike = dict(self.config.request_options)
@@ -2170,7 +2186,7 @@ class ModelAgent:
             frame.phase = "await-request"
             return _Wait(frozenset({frame.effect}))
         if frame.phase == "logged":
-            return self._return(frame.header)
+            return self._return((frame.header, frame.prepared))
         # "await-request"
         if isinstance(sent, Raise):
             raise _raised(sent.error)
@@ -2183,6 +2199,9 @@ class ModelAgent:
             raise _Stop("generic", ErrorInfo(message=NO_ROUTE, name="Error"))
         header = freeze(sent.value, "header")
         assert isinstance(header, FrozenDict)
+        if "retryPolicy" in header:
+            frame.prepared = FrozenDict({"retryPolicy": header["retryPolicy"]})
+            header = FrozenDict({k: v for k, v in header.items() if k != "retryPolicy"})
         problem = _route_problem(header)
         if problem is not None:
             raise _generic(problem, "RequestConfigError", "INVALID_REQUEST_CONFIG")
@@ -2198,7 +2217,7 @@ class ModelAgent:
             self._append(REQUEST_HEADER, {"header": header, "reason": "change"})
             frame.phase = "logged"
             return PAUSE
-        return self._return(header)
+        return self._return((header, frame.prepared))
 
     def _stream(self, frame: _Stream, sent: object) -> _Signal:
         """§9.7 (R9.7), P5, P12: consume the model stream chunk by chunk: check the signal,
@@ -2213,6 +2232,10 @@ class ModelAgent:
             return PAUSE
         if frame.phase == "released":  # the release is delivered (P5): now the failure
             assert frame.stop is not None
+            if frame.interrupted:  # D15: first, what the stream delivered before the abort
+                frame.interrupted = False
+                if self._keep_interrupted(frame):
+                    return PAUSE
             raise _Stop(frame.stop.kind, frame.stop.error, frame.stop.failure)
         if frame.phase == "fold":
             folded = frame.chunk
@@ -2252,11 +2275,15 @@ class ModelAgent:
             error = completion.error
             if error.failure is not None:
                 raise _Stop("request", error, error.failure)
-            raise _raised(error)
+            return self._stopped(frame, _raised(error))
         if isinstance(completion, End):
+            if frame.finish is None:
+                return self._stopped(frame, _generic("model stream ended without a finish chunk",
+                                                     "InvalidChunkError", "INVALID_CHUNK"))
             return self._finished(frame)
         assert isinstance(completion, Chunk)
         if self._aborted(frame.signal):  # §9.7 step 1 (R9.7.1)
+            frame.interrupted = True  # D15
             return self._released(frame, _Ending("abort"))
         if frame.finish is not None:
             return self._released(frame, _generic("a chunk arrived after the finish chunk",
@@ -2277,6 +2304,38 @@ class ModelAgent:
         frame.chunk = chunk
         frame.phase = "fold"
         return PAUSE
+
+    def _stopped(self, frame: _Stream, stop: _Stop) -> _Signal:
+        """The stream ended in a generic failure (§9.7 (R9.7)); if the signal is aborted, the
+        cancel stopped it, and D15 keeps what it delivered before *stop* is raised."""
+        if not self._aborted(frame.signal):
+            raise stop
+        frame.stop, frame.interrupted = stop.ending, True
+        frame.phase = "released"
+        return self._stream(frame, None)
+
+    def _keep_interrupted(self, frame: _Stream) -> bool:
+        """D15: the stream's text and reasoning blocks that are not blank, in stream order, as
+        the step's ``assistant/message`` marked ``interrupted``; False when there are none."""
+        kept = [b for b in frame.content if isinstance(b, FrozenDict)
+                and b.get("type") in ("text", "reasoning")
+                and str(b.get("text")).strip(WHITESPACE) != ""]
+        if not kept:
+            return False
+        config = frame.header["config"]
+        assert isinstance(config, FrozenDict)
+        source = freeze({"kind": "model", "provider": config["provider"],
+                         "model": config["model"]}, "source")
+        assert isinstance(source, FrozenDict)
+        seq = len(self.log)
+        message = Message(id=minted_id(self._mint, "assistant", seq), role="assistant",
+                          content=FrozenList(kept), source=source)
+        data: dict[str, JsonLike] = {"turn": self._turn, "step": self._step,
+                                     "message": _message_json(message), "interrupted": True}
+        if frame.usage is not None:
+            data["usage"] = frame.usage
+        self._append(ASSISTANT_MESSAGE, data, source_event_seqs=list(frame.seqs))
+        return True
 
     def _released(self, frame: _Stream, ending: _Ending) -> _Signal:
         """P5: release the stream; once the release is delivered, *ending* is raised."""
@@ -2314,9 +2373,10 @@ class ModelAgent:
         if frame.phase == "step-ended":
             if not self._aborted(frame.signal):
                 frame.effect = self._request(
-                    REQUEST_ERROR, turn=self._turn, step=self._step, signal=frame.signal,
+                    REQUEST_ERROR, None, turn=self._turn, step=self._step, signal=frame.signal,
                     error=error.to_json(), failure=failure.to_json(),
-                    priorFailures=[f.to_json() for f in self._prior_failures])
+                    priorFailures=[f.to_json() for f in self._prior_failures],
+                    **frame.prepared)  # §13.2 (R13.2): the request's retry policy, if named
                 frame.phase = "request-error-requested"
                 return PAUSE
             frame.phase = "record"

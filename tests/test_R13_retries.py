@@ -93,9 +93,40 @@ def test_R13_2_step_end_then_recovery_then_the_error_then_the_close(impl: str) -
     (effect,) = s.effects("request-error")
     payload = thaw(effect.payload)
     assert payload["failure"] == FAILURE and payload["priorFailures"] == []
+    assert "retryPolicy" not in payload           # the request's preparation named none (R9.6)
     assert payload["error"] == {"name": "ModelError", "message": "overloaded", "code": "E_BUSY",
                                 "failure": FAILURE}
     assert (payload["turn"], payload["step"], payload["signal"]) == (1, 1, 2)
+
+
+POLICY = {"mode": "normal", "maxRetries": 2, "retryableCodes": ["E_BUSY"]}
+CONFIG = {"provider": "p", "model": "m"}
+
+
+@both
+def test_R13_2_recovery_gets_the_retry_policy_of_the_request_that_failed(impl: str) -> None:
+    # Each request's preparation may name its retry policy (R9.6); recovery gets the one of
+    # the request that failed as it was given (null included), and none after a request
+    # whose preparation named none.
+    s = scenario(impl, model_failure("overloaded", "E_BUSY"), model_failure("again", "E_BUSY"),
+                 [{"type": "finish", "kind": "error", "failure": FAILURE}])
+    named: list[dict[str, JsonLike]] = [{"retryPolicy": POLICY}, {"retryPolicy": None}, {}]
+    prepared: list[int] = []
+
+    def prepare(effect: Effect) -> tuple[str, JsonLike]:
+        extra = named[len(prepared)]
+        prepared.append(effect.id)
+        return ("resolve", {"config": thaw(effect.payload["config"]) or CONFIG, **extra})
+    s.handle("request", prepare)
+    s.handle("request-error", lambda _e: ("resolve", {"kind": "retry"}), times=2)
+    s.followup("go")
+    s.run()
+    assert len(prepared) == 3
+    assert [{k: v for k, v in thaw(e.payload).items() if k == "retryPolicy"}
+            for e in s.effects("request-error")] == named
+    # the policy is the request's, not the header's: no logged header carries it
+    assert all("retryPolicy" not in thaw(e.data["header"]) for e in s.of("request/header"))
+    assert all("retryPolicy" not in thaw(e.payload["header"]) for e in s.effects("model"))
 
 
 @both

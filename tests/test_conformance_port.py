@@ -179,6 +179,37 @@ def test_ports_that_cannot_start_or_shake_hands_are_reported() -> None:
                         "/protocol: the port speaks protocol 2; this checker speaks 1\n")
 
 
+HELLO = {"op": "hello", "protocol": 1, "implementation": "p 1", "capabilities": [],
+         "deviations": []}
+
+
+@pytest.mark.parametrize(("field", "value", "problem"), [
+    ("capabilities", None, "is missing: the hello reply must carry the optional features the "
+                           "port supports (an array, [] for none)"),
+    ("deviations", None, "is missing: the hello reply must carry the vector tags the port "
+                         "deviates from on purpose (an array, [] for none)"),
+    ("implementation", None, "is missing: the hello reply must carry the port's name and "
+                             "version (a string)"),
+    ("capabilities", "seed", "must be an array of strings"),
+    ("deviations", [6], "must be an array of vector tags"),
+    ("implementation", "", "must be a non-empty string"),
+])
+def test_the_handshake_is_strict_every_field_present_and_of_its_type(
+        field: str, value: object, problem: str) -> None:
+    """PROTOCOL.md §3: a hello reply without implementation, capabilities or deviations (or
+    with one of the wrong type) fails the handshake, naming the field; the run stops at once."""
+    reply = {k: v for k, v in HELLO.items() if k != field or value is not None}
+    if value is not None:
+        reply[field] = value
+    port = command("-c", "import json, sys; sys.stdin.readline(); "
+                   f"print(json.dumps({reply!r}), flush=True); sys.stdin.readline()")
+    status, out, err = run_check([A1], port)
+    assert (status, out) == (4, "")
+    assert err.endswith('port reply line 1 (in reply to {"op":"hello","protocol":1}): field '
+                        f"/{field}: {problem}\n"), err
+    assert "Traceback" not in err
+
+
 # --------------------------------------------------------------------------
 # The adapter in process
 # --------------------------------------------------------------------------

@@ -287,12 +287,12 @@ def test_check_version_names_the_corpus_and_where_the_kit_is(
     assert (status, err) == (0, "")
     assert out.splitlines() == [
         f"turnstile {__version__} (distribution turnstile-agent)",
-        f"conformance corpus {info.corpus}: {count} vectors (vector format 1, adapter "
+        f"conformance corpus {info.corpus}: {count} vectors (vector format 2, adapter "
         "protocol 1, trace format 1)",
         f"kit: {info.path} (PROTOCOL.md, README.md, vector.schema.json, vectors/)"]
     status, out, _ = run(capsys, "--version", "--json")
     assert json.loads(out) == {"turnstile": __version__, "corpus": info.corpus,
-                               "vectorFormat": 1, "adapterProtocol": 1, "traceFormat": 1,
+                               "vectorFormat": 2, "adapterProtocol": 1, "traceFormat": 1,
                                "vectors": count, "kit": str(info.path)}
 
 

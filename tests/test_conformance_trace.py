@@ -298,3 +298,31 @@ def test_recorded_traces_take_the_canonical_fast_path(tmp_path: Path,
         assert len(parsed) == len(lines)
         checked += 1
     assert checked > 100
+
+
+def test_D16_an_ignorable_event_is_checked_with_its_mark(tmp_path: Path) -> None:
+    """A recorded trace holding an append marked ignorable verifies (on the canonical fast
+    path and parsed); the same trace without the mark, or with it on another event, diverges."""
+    from machine.conformance.recorder import record_draft
+    draft = tmp_path / "draft.json"
+    draft.write_text(json.dumps({"id": "ignorable", "steps": [
+        {"in": "append", "type": "x-test/state", "data": {"n": 1}, "ignorable": True},
+        {"in": "append", "type": "x-test/other", "data": {}}, {"pull": "all"}]}),
+        encoding="utf-8")
+    lines = list(trace_lines(record_draft(draft)))
+    marked = [line for line in lines if '"ignorable":true' in line]
+    assert len(marked) == 2          # the input and its durable output
+    assert verify_trace(write(tmp_path / "t.jsonl", lines)).ok
+    spaced = [json.dumps(json.loads(line)) if line.startswith('{"out"') else line
+              for line in lines]
+    assert verify_trace(write(tmp_path / "s.jsonl", spaced)).ok
+    output = next(i for i, line in enumerate(lines)
+                  if line.startswith('{"out"') and '"ignorable":true' in line)
+    unmarked = [line.replace(',"ignorable":true', "") if i == output else line
+                for i, line in enumerate(lines)]
+    assert not verify_trace(write(tmp_path / "u.jsonl", unmarked)).ok
+    other = next(i for i, line in enumerate(lines) if '"x-test/other"' in line
+                 and line.startswith('{"out"'))
+    moved = [line.replace("}}", '},"ignorable":true}', 1) if i == other else line
+             for i, line in enumerate(unmarked)]
+    assert not verify_trace(write(tmp_path / "m.jsonl", moved)).ok

@@ -38,8 +38,13 @@ SCHEMA = json.loads((SPECS / "conformance" / "vector.schema.json").read_text(enc
 #: Rules no vector can reach: they concern persistence, not the sans-I/O core, or the
 #: implementation's own state, which the protocol does not show.
 EXEMPT = {"D8": "storage damage on load (specs/persistence.md); the core has no storage",
+          "D16": "refusing to resume an unreadable session (specs/persistence.md S34); the "
+                 "core has no storage",
           "R4.11": "couplings of the implementation's state (tests/test_state.py checks them "
                    "at every input and output of every vector)",
+          "R20.5": "provider requests are the adapters' (specs/providers.md), not outputs of "
+                   "the port protocol (InvariantMonitor checks them at every position of every "
+                   "vector, tests/test_providers_reach.py)",
           "R4.12": "snapshots are an API of the implementation, not of the port protocol "
                    "(tests/test_R4_snapshots.py restores the core at every input and output "
                    "of every vector)"}
@@ -134,7 +139,7 @@ def test_D_tags_every_difference_has_a_vector_and_the_table_names_them(corpus: l
     exactly the vectors tagged with it."""
     core = (SPECS / "core.md").read_text(encoding="utf-8")
     declared = set(re.findall(r"^\*\*(D\d+)\. ", core, re.M))
-    assert declared == {f"D{n}" for n in range(1, 15)}
+    assert declared == {f"D{n}" for n in range(1, 17)}
     by_tag: dict[str, set[str]] = {d: set() for d in declared}
     for vector in corpus:
         for difference in _differences(vector.tags):
@@ -158,14 +163,20 @@ def test_D_tags_every_difference_has_a_vector_and_the_table_names_them(corpus: l
 
 
 def test_D_tags_each_differing_vector_says_where_the_original_departs(corpus: list[Vector]) -> None:
-    """A vector tagged differs-from-original carries ``"original": {"step": N}`` (and no other
-    vector does); N names an existing step at or after the vector's first input."""
+    """A vector tagged differs-from-original carries ``"original": {"step", "does", "where"}``
+    (and no other vector does): N names an existing step at or after the vector's first input;
+    ``does`` says what the original does there and ``where`` cites its code as file:line at
+    the anchor commit."""
+    cited = re.compile(r"^packages/[\w./-]+\.ts:\d+.*\(at 5a128f3a69\)$")
     for vector in corpus:
         differs = "differs-from-original" in vector.tags
         assert (vector.original_step is not None) == differs, vector.id
         if vector.original_step is not None:
             first_input = next(i for i, step in enumerate(vector.steps) if step.kind == "in")
             assert first_input < vector.original_step <= len(vector.steps), vector.id
+            assert vector.original_does and len(vector.original_does) > 40, vector.id
+            assert vector.original_where and cited.match(vector.original_where), (
+                vector.id, vector.original_where)
 
 
 def test_extension_tags_name_a_capability_a_port_may_decline(corpus: list[Vector]) -> None:
@@ -291,7 +302,7 @@ prose only
 # --------------------------------------------------------------------------
 
 GOOD: dict[str, Any] = {
-    "version": 1, "id": "x", "title": "a title", "rules": ["R5.2"], "tags": [], "config": {},
+    "version": 2, "id": "x", "title": "a title", "rules": ["R5.2"], "tags": [], "config": {},
     "steps": [{"in": "dispose"}, {"out": "live", "type": "agent/disposed"}, {"out": "none"}]}
 
 
@@ -306,7 +317,7 @@ def _variant(**changes: Any) -> dict[str, Any]:
 
 
 BAD = [
-    (_variant(version=2), "/version", "must be 1"),
+    (_variant(version=1), "/version", "must be 2"),
     (_variant(title=None), "/title", "is missing"),
     (_variant(rules=["R5.2", "Q1"]), "/rules/1", "must be a rule id"),
     (_variant(config={"toolModes": {"t": "sometimes"}}), "/config/toolModes/t", "exclusive"),
@@ -343,7 +354,7 @@ def test_malformed_vectors_are_refused_by_loader_and_schema(
 
 def test_malformed_json_names_line_and_column() -> None:
     with pytest.raises(MalformedError) as caught:
-        parse_vector('{\n  "version": 1,\n  "id": oops\n}', "broken.json")
+        parse_vector('{\n  "version": 2,\n  "id": oops\n}', "broken.json")
     assert str(caught.value).startswith("broken.json:3: invalid JSON: Expecting value (column 9)")
 
 

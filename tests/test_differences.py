@@ -1,4 +1,4 @@
-"""Family D (specs/core.md D9–D14, specs/differences.md) and the protocol rules the fidelity
+"""Family D (specs/core.md D9–D15, specs/differences.md) and the protocol rules the fidelity
 work added (specs/protocol.md P14 observers that fail, P15 internal yields).
 
 Each test drives the machine and the reference model with the same inputs and requires the
@@ -26,6 +26,7 @@ from machine.io import (
     Output,
     input_from_json,
 )
+from machine.jsonvalue import thaw
 from machine.scripted import (
     HOLD,
     Driver,
@@ -385,6 +386,169 @@ def test_D14_a_turn_appended_while_idle_counts_for_the_next_run() -> None:
                 if isinstance(o, Live) and o.event.type == "agent/error"] == []
         return tokens(driver.outputs)
     both(run)
+
+
+# --------------------------------------------------------------------------
+# D15: a cancelled stream keeps what the user watched stream
+# --------------------------------------------------------------------------
+
+DELIVERED = [{"type": "reasoning", "text": "think"}, {"type": "text", "text": "Hello "},
+             {"type": "tool-call", "id": "c1", "name": "t", "arguments": "{}"},
+             {"type": "text", "text": "world"}, {"type": "usage", "usage": {"outputTokens": 3}}]
+
+
+def _cancelled_stream(core: AgentCore, delivered: list[Any], ending: str) -> Driver:
+    """A turn whose stream delivered *delivered*, then a cancel, then the stream's *ending*:
+    ``chunk`` (the next chunk, consumed with the signal aborted), ``raise`` (an AbortError),
+    ``end`` (an end before any finish) or ``failure`` (a provider failure)."""
+    driver = streaming(core)
+    (model,) = [o for o in driver.outputs if isinstance(o, Effect) and o.kind == "model"]
+    for chunk in delivered:
+        core.chunk(model.id, chunk)
+    driver.run()
+    core.cancel({"kind": "user"})
+    driver.run()
+    if ending == "chunk":
+        core.chunk(model.id, {"type": "finish", "kind": "aborted"})
+    elif ending == "raise":
+        core.fail(model.id, ErrorInfo("the signal was aborted", "AbortError"))
+    elif ending == "end":
+        core.end(model.id)
+    else:
+        core.fail(model.id, ErrorInfo.from_exception(model_failure_error()))
+    driver.run()
+    return driver
+
+
+def model_failure_error() -> BaseException:
+    """A provider failure as an adapter raises it (an exception carrying LlmFailure facts)."""
+    from machine.runtime import ModelFailure
+    return ModelFailure("connection reset", "NETWORK_ERROR")
+
+
+@pytest.mark.parametrize("ending", ["chunk", "raise", "end"])
+def test_D15_a_stream_the_cancel_stops_keeps_its_text_and_reasoning(ending: str) -> None:
+    """D15, R9.7: however the stopped stream ends, the non-blank text and reasoning it
+    delivered (tool calls left out) are the step's assistant message marked interrupted,
+    with its usage and every chunk as sources, before step/end; the turn ends aborted."""
+    def run(core: AgentCore) -> list[Any]:
+        driver = _cancelled_stream(core, DELIVERED, ending)
+        types = [e.type for e in core.log.events]
+        assert types[types.index("assistant/message"):] == ["assistant/message", "step/end",
+                                                            "turn/end"]
+        (event,) = [e for e in core.log.events if e.type == "assistant/message"]
+        kept = thaw(event.data)
+        assert kept["interrupted"] is True and kept["usage"] == {"outputTokens": 3}
+        assert kept["message"]["content"] == [{"type": "reasoning", "text": "think"},
+                                              {"type": "text", "text": "Hello "},
+                                              {"type": "text", "text": "world"}]
+        assert kept["message"]["source"] == {"kind": "model", "provider": "p", "model": "m"}
+        chunks = [e.seq for e in core.log.events if e.type == "assistant/chunk"]
+        assert list(event.source_event_seqs or ()) == chunks
+        assert core.log.events[-1].data["reason"] == {"kind": "aborted"}
+        released = [o for o in driver.outputs if isinstance(o, Control) and o.kind == "release"]
+        assert len(released) == (1 if ending == "chunk" else 0)
+        if released:                             # the release comes first, then the message
+            outputs = list(driver.outputs)
+            kept_at = next(i for i, o in enumerate(outputs) if isinstance(o, Durable)
+                           and o.event.type == "assistant/message")
+            assert outputs.index(released[0]) < kept_at
+        return tokens(driver.outputs)
+    both(run, CoreConfig(publish=False, request_options={"provider": "p", "model": "m"}))
+
+
+@pytest.mark.parametrize(("delivered", "ending"), [
+    ([{"type": "tool-call", "id": "c1", "name": "t", "arguments": "{}"}], "chunk"),
+    ([{"type": "text", "text": " \t\n\u00a0\u3000\ufeff\u2028"}], "raise"),
+    ([{"type": "block", "block": {"type": "image", "url": "https://x/cat.png"}}], "end"),
+    ([], "chunk"),
+    (DELIVERED, "failure"),
+])
+def test_D15_nothing_is_kept_without_text_or_when_the_provider_failed(
+        delivered: list[Any], ending: str) -> None:
+    """D15: only non-blank text and reasoning are kept (blank is what ECMAScript's trim
+    removes); a provider failure reported after the cancel is a request failure and keeps
+    nothing (R13.1)."""
+    def run(core: AgentCore) -> list[Any]:
+        driver = _cancelled_stream(core, delivered, ending)
+        assert [e for e in core.log.events if e.type == "assistant/message"] == []
+        assert core.log.events[-1].data["reason"] == {"kind": "aborted"}
+        return tokens(driver.outputs)
+    both(run)
+
+
+def test_D15_blank_is_what_ecmascript_trim_removes_and_nothing_else() -> None:
+    """D15: a text of U+001C (Python's isspace, not ECMAScript's trim) is not blank, so it is
+    kept, as the original keeps it; U+FEFF (trimmed by ECMAScript, not by isspace) is blank.
+    Blocks are kept by their type: a block chunk carrying a text block is text."""
+    def run(core: AgentCore) -> list[Any]:
+        driver = _cancelled_stream(core, [
+            {"type": "text", "text": "\x1c"}, {"type": "reasoning", "text": "\ufeff"},
+            {"type": "block", "block": {"type": "text", "text": "a text block"}}], "chunk")
+        (event,) = [e for e in core.log.events if e.type == "assistant/message"]
+        assert thaw(event.data)["message"]["content"] == [
+            {"type": "text", "text": "\x1c"}, {"type": "text", "text": "a text block"}]
+        return tokens(driver.outputs)
+    both(run)
+
+
+def test_D15_the_next_request_carries_what_the_user_saw() -> None:
+    """D15, L13: the interrupted message is history: the next turn's request holds it between
+    the cancelled prompt and the follow-up."""
+    def run(core: AgentCore) -> list[Any]:
+        driver = _cancelled_stream(core, [{"type": "text", "text": "Roses are red"}], "chunk")
+        driver.env.handlers.pop("model")
+        driver.env.replies.append(text_reply("violets are blue"))
+        core.followup(message("go on", "m2"))
+        driver.run()
+        request = [o for o in driver.outputs if isinstance(o, Effect) and o.kind == "model"][-1]
+        assert [(m.role, thaw(m.content[0])["text"]) for m in request.history or ()] == [
+            ("user", "go"), ("assistant", "Roses are red"), ("user", "go on")]
+        return tokens(driver.outputs)
+    both(run)
+
+
+def test_D15_L6_an_interrupted_mark_is_true_or_absent() -> None:
+    """L6: ``interrupted`` on an assistant/message, when present, is true; the typed view
+    reads it (false when absent)."""
+    from machine.log import SessionLog
+    from machine.payloads import AssistantMessageData
+    log = SessionLog()
+    log.append("turn/start", {"turn": 1, "trigger": {"kind": "retry"}})
+    log.append("step/start", {"turn": 1, "step": 1})
+    message = {"id": "a1", "role": "assistant", "content": [{"type": "text", "text": "x"}],
+               "source": {"kind": "model", "provider": "p", "model": "m"}}
+    for bad in (False, "yes", 1):
+        with pytest.raises(InvariantError, match="interrupted, when present, must be true"):
+            log.append("assistant/message", {"turn": 1, "step": 1, "message": message,
+                                             "interrupted": bad}, surface_op="append")
+    event = log.append("assistant/message", {"turn": 1, "step": 1, "message": message,
+                                             "interrupted": True}, surface_op="append")
+    assert event.data_as(AssistantMessageData).interrupted is True
+    plain = log.append("assistant/message", {"turn": 1, "step": 1, "message": message},
+                       surface_op="append")
+    assert plain.data_as(AssistantMessageData).interrupted is False
+
+
+def test_D16_P3_an_append_marked_ignorable_is_committed_and_output_with_its_mark() -> None:
+    """D16, P3, P9: the append input's ``ignorable`` reaches the log and the durable output;
+    on a core type it is refused like any bad envelope (L3), nothing appended."""
+    def run(core: AgentCore) -> list[Any]:
+        driver = driven(core, ScriptedEnvironment())
+        core.feed(input_from_json({"in": "append", "type": "x-test/state", "data": {"n": 1},
+                                   "ignorable": True}))
+        with pytest.raises(InvariantError, match="cannot be ignorable"):
+            core.append("user/message", {"id": "m", "role": "user", "content": [],
+                                         "source": {"kind": "user"}},
+                        surface_op="append", ignorable=True)
+        driver.run()
+        (durable,) = [o for o in driver.outputs if isinstance(o, Durable)]
+        assert durable.to_json() == {"out": "event", "type": "x-test/state", "seq": 0,
+                                     "data": {"n": 1}, "ignorable": True}
+        return tokens(driver.outputs)
+    both(run)
+    with pytest.raises(CodecError, match="ignorable: must be true, or omitted"):
+        input_from_json({"in": "append", "type": "x/y", "data": {}, "ignorable": 1})
 
 
 # --------------------------------------------------------------------------

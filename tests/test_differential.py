@@ -797,6 +797,8 @@ class DifferentialMachine(RuleBasedStateMachine):
                 {"config": {"provider": "p", "model": "m"}},
                 {"config": {"provider": "p", "model": "m2"}, "system": "sys"},
                 {"config": {"provider": "p", "model": "m"}, "tools": [{"name": "exc"}]},
+                {"config": {"provider": "p", "model": "m"}, "retryPolicy": {"mode": "normal"}},
+                {"config": {"provider": "p", "model": "m"}, "retryPolicy": None},
                 {"config": {"model": "m"}}, {"config": {"provider": "", "model": "m"}},
                 {"config": {"provider": "p", "model": "m"}, "extra": 1}, "config", None]))
         elif kind == "model":

@@ -3,13 +3,15 @@
 The fresh-environment checks are in ``tests/test_packaging.py``; these are the fast ones:
 where the spec files are found (`machine.specfiles`), ``corpus.json`` errors, ``python -m
 machine``, the ``testing`` extra's ImportError, the demo without a corpus, and the JSON and
-JUnit reports of ``verify-trace`` and ``explore``.
+JUnit reports of ``verify-trace`` and ``explore``, and that the README's shell commands
+name make targets and subcommands that exist.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -140,3 +142,30 @@ def test_a_model_module_of_the_user_s_shadows_nothing(tmp_path: Path) -> None:
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.endswith("no violation\n")
+
+
+def _readme_shell_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```sh\n(.*?)^```", text, re.S | re.M)
+    return [line.split("#")[0].strip() for block in blocks for line in block.splitlines()
+            if line.split("#")[0].strip()]
+
+
+def test_the_readme_s_make_targets_and_commands_exist() -> None:
+    commands = _readme_shell_commands()
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    targets = set(re.findall(r"^([\w.-]+):", makefile, re.M))
+    made = [command.split()[1] for command in commands if command.startswith("make ")]
+    assert {"wheel", "test", "demo"} <= set(made)
+    assert set(made) <= targets, sorted(set(made) - targets)
+    subcommands = {command.split()[1] for command in commands
+                   if command.startswith("turnstile ") and not command.split()[1].startswith("-")}
+    assert {"demo", "check"} <= subcommands
+    for name in sorted(subcommands):
+        result = subprocess.run([sys.executable, "-m", "machine", name, "--help"],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, (name, result.stderr)
+    # installing from a checkout comes first; the index command is kept for when it is published
+    installs = [command for command in commands if command.startswith("pip install")]
+    assert installs[0].startswith("pip install .")
+    assert any(".whl" in command for command in installs)

@@ -339,7 +339,9 @@ def test_e7_cancel_from_the_running_notification() -> None:
         ("agent/inbox/dequeue", ("go", "queued")), ("agent/status", "idle")]
 
 
-def test_e11_cancel_while_streaming_drops_the_queued_tail() -> None:
+def test_e11_cancel_while_streaming_drops_the_queued_tail_and_keeps_what_was_streamed() -> None:
+    """E11, with D15: the text streamed before the cancel stays as the step's interrupted
+    assistant message; the chunk after the cancel is released, not appended."""
     env = ScriptedEnvironment(handlers={"model": lambda e: HOLD})
     agent, driver = make(env)
     agent.followup(msg("go"))
@@ -353,7 +355,12 @@ def test_e11_cancel_while_streaming_drops_the_queued_tail() -> None:
     agent.chunk(model_call.id, {"type": "text", "text": "c"})  # the model keeps going
     driver.run()
     assert types(driver) == ["turn/start", "user/message", "step/start", "request/header",
-                             "assistant/chunk", "assistant/chunk", "step/end", "turn/end"]
+                             "assistant/chunk", "assistant/chunk", "assistant/message",
+                             "step/end", "turn/end"]
+    (kept,) = [thaw(o.event.data) for o in driver.outputs
+               if isinstance(o, Durable) and o.event.type == "assistant/message"]
+    assert kept["interrupted"] is True
+    assert kept["message"]["content"] == [{"type": "text", "text": "ab"}]
     assert turn_end_reasons(driver) == [{"kind": "aborted"}]
     assert live(driver, "agent/inbox/enqueue", "agent/cancel-requested", "agent/inbox/discard",
                 "agent/settled", "agent/status", "agent/error")[-5:] == [

@@ -97,13 +97,16 @@ def test_the_wheel_installs_alone_and_works_from_an_empty_directory(tmp_path: Pa
     shipped = {f"machine/_specs/{n.removeprefix('specs/')}" for n in vectors} | {
         f"machine/_specs/conformance/{n}" for n in kit} | {
         "machine/py.typed", "machine/_model/py.typed", "machine/_specs/core.md",
-        "machine/_specs/protocol.md", "machine/_specs/examples/multi-turn-with-injection.jsonl"}
+        "machine/_specs/protocol.md", "machine/_specs/examples/multi-turn-with-injection.jsonl",
+        "machine/_specs/conformance/skeletons/adapter.ts"}
     assert shipped <= in_wheel, f"the wheel lacks {sorted(shipped - in_wheel)[:10]}"
     for line in ("Name: turnstile-agent", "License-Expression: MIT", "License-File: LICENSE",
                  "Requires-Dist: transitions>=0.9.1", "Provides-Extra: testing",
                  "Classifier: Typing :: Typed", "Description-Content-Type: text/markdown"):
         assert line in metadata.splitlines(), line
     assert "\n# turnstile\n" in metadata and "pip install turnstile-agent" in metadata
+    # the README's install section names the wheel `make wheel` writes, as it is named
+    assert f"dist/{wheel.name}" in (ROOT / "README.md").read_text(encoding="utf-8")
 
     # 3. a fresh environment with the wheel alone, used from an empty directory
     venv = tmp_path / "venv"

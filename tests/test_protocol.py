@@ -273,6 +273,25 @@ def test_P13_R9_6_the_header_fields_config_system_and_tools_are_accepted() -> No
     s.check()
 
 
+@pytest.mark.parametrize("policy", [{"mode": "always", "initialDelayMs": 500}, None, "fast", 3])
+def test_P13_R9_6_the_resolution_s_retry_policy_is_not_part_of_the_header(policy: Any) -> None:
+    """R9.6: a retryPolicy beside the header is the prepared request's, any JSON value; it is
+    never logged, never in the model effect, and a value that is not JSON fails like any
+    other part of the resolution."""
+    header = {"config": CONFIG, "system": "be brief"}
+    s = _header_scenario({**header, "retryPolicy": policy})
+    (logged,) = s.of("request/header")
+    assert thaw(logged.data["header"]) == header
+    assert [thaw(e.payload["header"]) for e in s.effects("model")] == [header]
+    assert s.reasons() == ["completed"]
+    s.check()
+
+
+def test_P13_R9_6_a_retry_policy_that_is_not_json_fails_naming_it() -> None:
+    _assert_request_config_error(_header_scenario({"config": CONFIG, "retryPolicy": {1.5}}),
+                                 "header.retryPolicy: a set is not JSON-compatible")
+
+
 @pytest.mark.parametrize("config", [
     {"provider": "", "model": "m"},
     {"model": "m"},

@@ -78,7 +78,8 @@ ERR = {"kind": "error", "step": 1, "failure": {"message": "model unavailable", "
 FAILED1 = f"{GO1} SS(1.1) RH(initial) SE(1.1) TE(1,error)"
 ABORTED_REQ1 = f"{GO1} SS(1.1) RH(initial) SE(1.1) TE(1,aborted)"
 RETRY2 = f"TS(2,retry) {step(2, 1)} TE(2,completed)"
-HUNG = f"{GO1} SS(1.1) RH(initial) CH CH SE(1.1) TE(1,aborted)"
+# D15: the cancel stops the hanging stream, which keeps what it streamed as an interrupted message
+HUNG = f"{GO1} SS(1.1) RH(initial) CH CH AM(1.1;'partial reply';interrupted) SE(1.1) TE(1,aborted)"
 C_UM = "UM('C';plugin:test)"
 S_STM1 = "STM(1;'S';user)"
 
@@ -372,7 +373,8 @@ ROW_STREAMING = [
     Point("assembly-request-and-stream", "R9.7-R11.2-P8", "model-call-hook",
           drive_model_call, streaming_cells(f"{GO1} SS(1.1) RH(initial) SE(1.1)")),
     Point("assembly-request-and-stream", "R9.7-R11.2-P8", "assistant-chunk-observer",
-          observer_point("assistant/chunk"), streaming_cells(f"{GO1} SS(1.1) RH(initial) CH SE(1.1)")),
+          observer_point("assistant/chunk"),
+          streaming_cells(f"{GO1} SS(1.1) RH(initial) CH AM(1.1;'ok';interrupted) SE(1.1)")),
 ]
 
 # --------------------------------------------------------------------------

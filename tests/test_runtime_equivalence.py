@@ -36,6 +36,7 @@ from machine.runtime import (
     Hang,
     InMemorySink,
     ModelFailure,
+    RetryPolicy,
     ScriptedModel,
     Tool,
     ToolCall,
@@ -67,12 +68,13 @@ def as_json(outputs: list[Output]) -> list[dict[str, Any]]:
 
 def driver_for(*, tools: dict[str, ToolMode] | None = None, replies: list[Any] | None = None,
                advertise: list[dict[str, Any]] | None = None) -> Driver:
-    """A core and scripted driver; *advertise* = the tool specs the runtime's header carries."""
+    """A core and scripted driver; *advertise* = the tool specs the runtime's header carries.
+    Its request resolutions name the runtime's default retry policy, as the agent's do (RT16)."""
     core = AgentCore(CoreConfig(request_options=SEED, tool_modes=tools or {}))
     env = ScriptedEnvironment(replies=list(replies or []))
-    if advertise:
-        env.handlers["request"] = lambda e: ("resolve", {"config": thaw(e.payload["config"]),
-                                                         "tools": advertise})
+    extra: dict[str, Any] = {"tools": advertise} if advertise else {}
+    env.handlers["request"] = lambda e: ("resolve", {"config": thaw(e.payload["config"]), **extra,
+                                                     "retryPolicy": RetryPolicy().to_json()})
     return Driver(core, env)
 
 
@@ -269,7 +271,10 @@ def test_E11_cancel_while_streaming_drops_the_queued_tail() -> None:
 
     got = agent_run(scenario, ScriptedModel([Hang(tuple(chunks))]))
     assert got == expected
-    assert not any(o.get("type") in ("assistant/message", "agent/error") for o in got)
+    assert not any(o.get("type") == "agent/error" for o in got)
+    # D15: what the model streamed before the cancel stays, marked interrupted
+    (kept,) = [o for o in got if o.get("type") == "assistant/message"]
+    assert kept["data"]["interrupted"] is True
 
 
 def test_F1_model_failure_becomes_the_turns_error() -> None:

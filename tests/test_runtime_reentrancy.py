@@ -149,7 +149,7 @@ def test_a_followup_from_an_abort_listener_survives_the_cancel() -> None:
             await streaming.wait()
             agent.cancel("user")
             await agent.when_idle()
-            assert log(agent) == ["TS1", "UM'go'", "SS1.1", "SE1.1", "TE1:aborted",
+            assert log(agent) == ["TS1", "UM'go'", "SS1.1", "AM", "SE1.1", "TE1:aborted",
                                   "TS2", "UM'retry it'", "SS2.1", "AM", "SE2.1", "TE2:completed"]
     run(main)
 

@@ -10,6 +10,8 @@ from scenario_helpers import at
 from machine.core import AgentCore, CoreConfig
 from machine.errors import ValidationError
 from machine.events import Event
+from machine.io import Effect, Output
+from machine.jsonvalue import thaw
 from machine.payloads import TurnEndData
 from machine.runtime import (
     RETRY,
@@ -220,3 +222,63 @@ def test_RT16_the_scripted_environment_hands_its_policy_too() -> None:
     assert seen == [(0, policy), (1, policy)]       # a retry, then the attempts are used up
     assert [at(e.data, "trigger", "kind") for e in core.log.events if e.type == "turn/start"] == [
         "message", "retry"]
+
+
+def test_RT16_a_policy_is_json_both_ways_and_a_bad_one_is_named() -> None:
+    policy = RetryPolicy(max_attempts=5, base_delay=0.25, jitter=0, retry_codes=frozenset({"A"}),
+                         retry_statuses=frozenset({429, 503}))
+    data = policy.to_json()
+    assert data["retryCodes"] == ["A"] and data["retryStatuses"] == [429, 503]
+    assert RetryPolicy.from_json(data) == policy
+    assert RetryPolicy.from_json({}) == RetryPolicy()
+    draws = iter([0.5])
+    jittered = RetryPolicy.from_json({"jitter": 1, "baseDelay": 2}, random=lambda: next(draws))
+    assert jittered.delay(RATE, 1) == 1.0
+    for bad, where in [([], "must be a mapping"), ({"mode": "normal"}, "unexpected field"),
+                       ({"maxAttempts": 0}, "max_attempts"), ({"retryCodes": "A"}, "retryCodes"),
+                       ({"retryStatuses": [429.0]}, "retryStatuses")]:
+        with pytest.raises(ValidationError, match=where):
+            RetryPolicy.from_json(bad)
+
+
+class _PreparingModel(ScriptedModel):
+    """A model adapter whose preparation names a retry policy of its own for one route."""
+
+    async def prepare(self, draft: object) -> dict[str, object]:
+        return {"config": {"provider": "p", "model": "m"},
+                "retryPolicy": RetryPolicy(max_attempts=9).to_json()}
+
+
+def test_RT16_the_failed_request_s_policy_passes_through_the_core_to_the_handlers() -> None:
+    # R9.6, R13.2: the runtime names its agent's policy beside each header; the core hands
+    # the failed request's policy to recovery; a preparer's own policy wins over the agent's.
+    seen: list[RetryPolicy] = []
+    payloads: list[object] = []
+
+    async def spy(context: RequestErrorContext, next_: Next[RetryAction | None]
+                  ) -> RetryAction | None:
+        seen.append(context.retry_policy)
+        return await next_()
+
+    mine = RetryPolicy(max_attempts=7, jitter=0)
+    agent = Agent(_failing_then(1), retry_policy=mine)
+    agent.hooks.request_error.use(spy)
+    agent.on("*", lambda e: None)
+    original = agent.core.next_output
+
+    def spying() -> Output | None:
+        output = original()
+        if isinstance(output, Effect) and output.kind == "request-error":
+            payloads.append(thaw(output.payload).get("retryPolicy"))
+        return output
+    agent.core.next_output = spying  # type: ignore[method-assign]
+    _run(agent)
+    assert payloads == [mine.to_json()] and seen == [mine] and seen[0] is mine
+    assert all("retryPolicy" not in thaw(e.data["header"])
+               for e in agent.session.events if e.type == "request/header")
+
+    own = Agent(_PreparingModel([ModelFailure("slow down", "RATE_LIMITED", status=429),
+                                 text_reply("done")]), retry_policy=mine)
+    own.hooks.request_error.use(spy)
+    _run(own)
+    assert seen[1] == RetryPolicy(max_attempts=9) and seen[1].random is mine.random

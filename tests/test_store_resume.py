@@ -191,3 +191,94 @@ def test_between_turn_events_survive_persist_and_resume(make: Any) -> None:
     assert core.log.events[-1].type == ev.USER_MESSAGE
     assert core.log.events[-1].data["id"] == "ctx" and core.log.open_turn is None
     assert turn_starts(core.log.events) == [1]
+
+
+# --------------------------------------------------------------------------
+# S34, D16: a session the build cannot read is not resumed
+# --------------------------------------------------------------------------
+
+
+def _with_plugin_events(store: BaseStore[Any], *, ignorable: bool) -> None:
+    """A session with a turn, then a plugin's own event (type ``todo-x/state``) appended while
+    idle, marked ignorable or not, persisted."""
+    store.create("s")
+    driver = persisted(store, "s", AgentCore(CONFIG), [text_reply("one")])
+    driver.core.followup(user_message("p1", "first"))
+    driver.run()
+    driver.core.append("todo-x/state", {"open": 2}, ignorable=ignorable)
+    driver.run()
+    store.close()
+
+
+def test_S34_D16_a_session_with_an_event_type_the_build_does_not_read_is_refused(
+        make: Any) -> None:
+    from machine.store import UnreadableSessionError
+    _with_plugin_events(make(), ignorable=False)
+    store = make()
+    with pytest.raises(UnreadableSessionError, match=r"event 9 has type 'todo-x/state'") as info:
+        resume_core(store, "s", CONFIG)
+    assert (info.value.seq, info.value.event_type, info.value.code) == (
+        9, "todo-x/state", "UNREADABLE_SESSION")
+    # released again: the same store loads it (and another resume with the type named works)
+    assert [e.type for e in store.load("s").events][-1] == "todo-x/state"
+    store.release("s")
+    core = resume_core(store, "s", CONFIG, reads=["todo-x/state"])
+    assert core.log.events[-1].data == {"open": 2} and not core.log.events[-1].ignorable
+
+
+def test_S34_D16_an_event_its_writer_marked_ignorable_does_not_stop_a_resume(
+        make: Any) -> None:
+    _with_plugin_events(make(), ignorable=True)
+    store = make()
+    core = resume_core(store, "s", CONFIG)             # the type is not read: still resumed
+    last = core.log.events[-1]
+    assert (last.type, last.ignorable) == ("todo-x/state", True)
+    assert last.to_json()["ignorable"] is True
+    driver = persisted(store, "s", core, [text_reply("two")])
+    core.followup(user_message("p2", "second"))
+    driver.run()
+    store.close()
+    events = make().load("s").events
+    assert [e.ignorable for e in events if e.type == "todo-x/state"] == [True]   # kept as it was
+    assert turn_starts(events) == [1, 2]
+
+
+def test_S34_D16_the_agent_resumes_only_what_it_can_read(tmp_path: Path) -> None:
+    import asyncio
+
+    from machine.runtime import Agent, ScriptedModel
+    from machine.store import UnreadableSessionError
+    _with_plugin_events(JsonlStore(tmp_path / "s"), ignorable=False)
+    store = JsonlStore(tmp_path / "s")
+    with pytest.raises(UnreadableSessionError, match="todo-x/state"):
+        Agent.resume(store, "s", ScriptedModel())
+    agent = Agent.resume(store, "s", ScriptedModel(), reads=("todo-x/state",))
+
+    async def run() -> None:
+        async with agent:
+            agent.append("todo-y/note", {"n": 1}, ignorable=True)
+            await agent.when_idle()
+    asyncio.run(run())
+    again = Agent.resume(store, "s", ScriptedModel(), reads=("todo-x/state",))
+    assert again.session.events[-1].type == "todo-y/note"        # ignorable: resumed past
+    store.close()
+
+
+def test_D16_L3_only_extension_events_may_be_ignorable_and_the_mark_is_true() -> None:
+    from machine.errors import CodecError, InvariantError
+    from machine.log import SessionLog
+    log = SessionLog()
+    with pytest.raises(InvariantError, match="cannot be ignorable: a build always reads"):
+        log.append(ev.USER_MESSAGE, user_message("m", "hi"), surface_op="append", ignorable=True)
+    with pytest.raises(InvariantError, match="ignorable must be a bool"):
+        log.append("x/y", {}, ignorable="yes")  # type: ignore[arg-type]
+    assert len(log) == 0
+    event = log.append("x/y", {"a": 1}, ignorable=True)
+    assert event.ignorable and Event.from_json(event.to_json()) == event
+    assert "ignorable" not in log.append("x/z", {}).to_json()
+    with pytest.raises(CodecError, match=r"event.ignorable: must be true, or omitted"):
+        Event.from_json({"type": "x/y", "seq": 0, "time": 0, "data": {}, "ignorable": False})
+    # a seed that marks a core type ignorable is refused like any other seed (L14)
+    with pytest.raises(InvariantError, match="seed event at seq 0"):
+        SessionLog([Event.from_json({"type": ev.TURN_START, "seq": 0, "time": 0, "data": {
+            "turn": 1, "trigger": {"kind": "retry"}}, "ignorable": True})])

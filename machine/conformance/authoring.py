@@ -281,7 +281,8 @@ def event_token(event: Event) -> str:
     if t == "assistant/chunk":
         return "CH"
     if t == "assistant/message":
-        return f"AM({d['turn']}.{d['step']};{content_label(d['message']['content'])})"
+        kept = ";interrupted" if d.get("interrupted") is True else ""      # D15
+        return f"AM({d['turn']}.{d['step']};{content_label(d['message']['content'])}{kept})"
     if t == "tool/call":
         return f"TC({d['turn']}.{d['step']};{d['callId']})"
     if t == "tool/result":

@@ -49,6 +49,12 @@ STDERR_LINES: Final = 12
 #: The longest reply line read from a port (a reply is one output: kilobytes, not megabytes).
 MAX_LINE_BYTES: Final = 16 << 20
 #: How many lines the reader may read ahead of the checker (so endless output is bounded).
+#: PROTOCOL.md §3: the fields a hello reply must carry beside op and protocol, and what each is.
+HELLO_FIELDS: Final = (
+    ("implementation", "the port's name and version (a string)"),
+    ("capabilities", "the optional features the port supports (an array, [] for none)"),
+    ("deviations", "the vector tags the port deviates from on purpose (an array, [] for none)"),
+)
 QUEUED_LINES: Final = 256
 #: How long a port may take to exit after ``bye`` before its process group is killed.
 EXIT_GRACE: Final = 2.0
@@ -280,15 +286,21 @@ class PortSubject:
             raise self._field(reply, "protocol", f"the port speaks protocol "
                               f"{jsoncmp.render(reply.get('protocol'), 40)}; this checker speaks "
                               f"{PROTOCOL_VERSION}")
-        capabilities = reply.get("capabilities", [])
+        # PROTOCOL.md §3: the reply names the implementation and lists its capabilities and
+        # deviations, empty arrays included; a port that leaves one out fails the handshake
+        # rather than being run as if it had declared nothing.
+        for name, what in HELLO_FIELDS:
+            if name not in reply:
+                raise self._field(reply, name, f"is missing: the hello reply must carry {what}")
+        capabilities = reply["capabilities"]
         if not isinstance(capabilities, list) or not all(isinstance(c, str) for c in capabilities):
             raise self._field(reply, "capabilities", "must be an array of strings")
-        deviations = reply.get("deviations", [])
+        deviations = reply["deviations"]
         if not isinstance(deviations, list) or not all(isinstance(d, str) for d in deviations):
             raise self._field(reply, "deviations", "must be an array of vector tags")
-        implementation = reply.get("implementation", self.command)
-        if not isinstance(implementation, str):
-            raise self._field(reply, "implementation", "must be a string")
+        implementation = reply["implementation"]
+        if not isinstance(implementation, str) or not implementation:
+            raise self._field(reply, "implementation", "must be a non-empty string")
         self.name = implementation
         return PortInfo(implementation, frozenset(capabilities), tuple(deviations))
 

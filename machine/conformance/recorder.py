@@ -168,14 +168,17 @@ class RecordingCore(AgentCore):
         self._input({"in": "dispose"}, lambda: super(RecordingCore, self).dispose())
 
     def append(self, type: str, data: JsonLike, *, surface_op: JsonLike = None,
-               source_event_seqs: Sequence[int] | None = None) -> Event:
+               source_event_seqs: Sequence[int] | None = None, ignorable: bool = False) -> Event:
         value: dict[str, Any] = {"in": "append", "type": type, "data": plain(data)}
         if surface_op is not None:
             value["surfaceOp"] = plain(surface_op)
         if source_event_seqs is not None:
             value["sourceEventSeqs"] = list(source_event_seqs)
+        if ignorable is not False:
+            value["ignorable"] = plain(ignorable)
         return self._input(value, lambda: super(RecordingCore, self).append(
-            type, data, surface_op=surface_op, source_event_seqs=source_event_seqs))
+            type, data, surface_op=surface_op, source_event_seqs=source_event_seqs,
+            ignorable=ignorable))
 
     # -- completions ----------------------------------------------------------------
     def resolve(self, effect: int, value: JsonLike = None) -> None:

@@ -290,7 +290,7 @@ def _verify(name: str, handle: TextIO, meter: _Progress | None) -> TraceReport:
                     seq = event.seq
                     op = event.surface_op
                     sources = event.source_event_seqs
-                    if op is None and sources is None:
+                    if op is None and sources is None and not event.ignorable:
                         canonical = f'{start}{seq},"data":{data_json(seq)}}}\n'
                     else:
                         canonical = f'{start}{seq},"data":{data_json(seq)}'
@@ -299,6 +299,8 @@ def _verify(name: str, handle: TextIO, meter: _Progress | None) -> TraceReport:
                                                             else join(encode(op, 0)))
                         if sources is not None:
                             canonical += ',"sourceEventSeqs":' + join(encode(sources, 0))
+                        if event.ignorable:                     # D16
+                            canonical += ',"ignorable":true'
                         canonical += "}\n"
                 elif pulled is None:
                     canonical = '{"out":"none"}\n'
@@ -516,7 +518,8 @@ def _same_output(output: Any, step: dict[str, Any]) -> bool:
     kind = type(output)
     if kind is Durable:
         event = output.event
-        size = 4 + (event.surface_op is not None) + (event.source_event_seqs is not None)
+        size = (4 + (event.surface_op is not None) + (event.source_event_seqs is not None)
+                + event.ignorable)
         seq = step.get("seq")
         if (len(step) != size or step["out"] != "event" or step.get("type") != event.type
                 or type(seq) is not int or seq != event.seq
@@ -524,6 +527,8 @@ def _same_output(output: Any, step: dict[str, Any]) -> bool:
             return False
         if event.surface_op is not None and not same_frozen(event.surface_op,
                                                             step.get("surfaceOp", _MISSING)):
+            return False
+        if event.ignorable and step.get("ignorable") is not True:        # D16
             return False
         return event.source_event_seqs is None or same_frozen(
             event.source_event_seqs, step.get("sourceEventSeqs", _MISSING))

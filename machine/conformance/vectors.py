@@ -38,7 +38,10 @@ __all__ = [
     "parse_vector", "seed_events", "vector_to_json",
 ]
 
-VERSION: Final = 1
+VERSION: Final = 2
+#: The fields of a vector's "original" (format 2): the step where the original departs, what it
+#: does there and where in its code.
+ORIGINAL_FIELDS: Final = frozenset({"step", "does", "where"})
 
 #: Input kind -> (required fields, optional fields), besides ``in`` (rule P9).
 INPUT_FIELDS: Final[dict[str, tuple[frozenset[str], frozenset[str]]]] = {
@@ -48,7 +51,8 @@ INPUT_FIELDS: Final[dict[str, tuple[frozenset[str], frozenset[str]]]] = {
     "inject": (frozenset({"message"}), frozenset()),
     "cancel": (frozenset({"cause"}), frozenset({"keepInbox"})),
     "dispose": (frozenset(), frozenset()),
-    "append": (frozenset({"type", "data"}), frozenset({"surfaceOp", "sourceEventSeqs"})),
+    "append": (frozenset({"type", "data"}), frozenset({"surfaceOp", "sourceEventSeqs",
+                                                        "ignorable"})),
     "observer": (frozenset({"action"}), frozenset()),
     "resolve": (frozenset({"effect"}), frozenset({"value"})),
     "raise": (frozenset({"effect", "error"}), frozenset()),
@@ -123,6 +127,9 @@ class Vector:
     #: for a vector tagged differs-from-original: the 1-based step at which the original
     #: implementation departs (informative; specs/differences.md)
     original_step: int | None = None
+    #: ... and what the original does there, and where in its code (file:line at its commit)
+    original_does: str | None = None
+    original_where: str | None = None
 
     @property
     def requires(self) -> frozenset[str]:
@@ -305,16 +312,23 @@ def _vector(value: Any, name: str, text: str) -> Vector:
         previous = step
     lines = _step_lines(text, steps_value)
     original_step: int | None = None
+    departs_does: str | None = None
+    departs_where: str | None = None
     if "original" in value:
         original = value["original"]
-        _require(isinstance(original, dict) and set(original) == {"step"}, ("original",),
-                 'must be {"step": N}: where the original implementation departs')
+        _require(isinstance(original, dict) and set(original) == ORIGINAL_FIELDS, ("original",),
+                 'must be {"step": N, "does": TEXT, "where": TEXT}: where the original '
+                 "implementation departs, what it does there and where in its code")
         step_number = original["step"]
         _require(type(step_number) is int and 1 <= step_number <= len(steps),
                  ("original", "step"), f"must be a step number from 1 to {len(steps)}")
         original_step = step_number
+        for key in ("does", "where"):
+            _require(isinstance(original[key], str) and original[key].strip() != "",
+                     ("original", key), "must be a non-empty string")
+        departs_does, departs_where = original["does"], original["where"]
     return Vector(value["id"], value["title"], rules, tags, config, tuple(steps),
-                  tuple(seed), name, lines, original_step)
+                  tuple(seed), name, lines, original_step, departs_does, departs_where)
 
 
 def _step_lines(text: str, raw_steps: list[Any]) -> tuple[int, ...]:
@@ -386,8 +400,8 @@ def _output_step(raw: dict[str, Any], path: jsoncmp.Path, note: str | None) -> S
     fields = set(value) - {"out"}
     if kind == "event":
         for key in fields:
-            _require(key in ("type", "seq", "data", "surfaceOp", "sourceEventSeqs"), (*path, key),
-                     "unknown field for a durable event (time is omitted in vectors)")
+            _require(key in ("type", "seq", "data", "surfaceOp", "sourceEventSeqs", "ignorable"),
+                     (*path, key), "unknown field for a durable event (time is omitted in vectors)")
         for key in ("type", "seq", "data"):
             _require(key in value, (*path, key), "is missing")
         _require(isinstance(value["type"], str) and value["type"] != "", (*path, "type"),
@@ -398,6 +412,8 @@ def _output_step(raw: dict[str, Any], path: jsoncmp.Path, note: str | None) -> S
         seqs = value.get("sourceEventSeqs", [])
         _require(isinstance(seqs, list) and all(type(s) is int for s in seqs),
                  (*path, "sourceEventSeqs"), "must be an array of integers")
+        _require(value.get("ignorable", True) is True, (*path, "ignorable"),
+                 "must be true, or omitted (D16)")
     elif kind == "live":
         _require(isinstance(value.get("type"), str) and value.get("type") != "", (*path, "type"),
                  "a live notification needs a non-empty string type")
@@ -491,7 +507,8 @@ def vector_to_json(vector: Vector) -> dict[str, Any]:
     out: dict[str, Any] = {"version": VERSION, "id": vector.id, "title": vector.title,
                            "rules": list(vector.rules), "tags": list(vector.tags)}
     if vector.original_step is not None:
-        out["original"] = {"step": vector.original_step}
+        out["original"] = {"step": vector.original_step, "does": vector.original_does,
+                           "where": vector.original_where}
     out["config"] = vector.config
     if vector.seed:
         out["seed"] = list(vector.seed)

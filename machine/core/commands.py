@@ -102,20 +102,24 @@ class Commands(Outputs):
         self._cancel(DISPOSED_CAUSE, False)
 
     def append(self, type: str, data: JsonLike, *, surface_op: JsonLike = None,
-               source_event_seqs: Sequence[int] | None = None) -> Event:
-        """A direct append by extension code (R20.2): checked, committed, delivered in order."""
+               source_event_seqs: Sequence[int] | None = None, ignorable: bool = False) -> Event:
+        """A direct append by extension code (R20.2): checked, committed, delivered in order.
+        *ignorable* marks an extension event a build that does not read its type may resume
+        past (D16)."""
         self._check_live()
         if not isinstance(type, str):           # the log refuses it, typed (L3)
-            return self._emit_appended(self._command_commit(type, data, surface_op=surface_op,
-                                                            source_event_seqs=source_event_seqs))
+            return self._emit_appended(self._command_commit(
+                type, data, surface_op=surface_op, source_event_seqs=source_event_seqs,
+                ignorable=ignorable))
         type = str.__str__(type)                # a str subclass runs no code of its own here
         if type in LOOP_TYPES and self.lifecycle.busy:          # R20.4
             self.log.check(type, data, surface_op=surface_op,    # the log's own verdict first
-                           source_event_seqs=source_event_seqs)
+                           source_event_seqs=source_event_seqs, ignorable=ignorable)
             raise InvariantError("R20.4", f"{type} is written by the loop itself: a direct "
                                  "append of it is refused while the agent is busy")
         return self._emit_appended(self._command_commit(type, data, surface_op=surface_op,
-                                                        source_event_seqs=source_event_seqs))
+                                                        source_event_seqs=source_event_seqs,
+                                                        ignorable=ignorable))
 
     def _emit_appended(self, event: Event) -> Event:
         self._emit(Durable(event))
@@ -123,12 +127,13 @@ class Commands(Outputs):
 
     def _command_commit(self, type_: str, data: JsonLike | Message, *,
                         surface_op: JsonLike = None,
-                        source_event_seqs: Sequence[int] | None = None) -> Event:
+                        source_event_seqs: Sequence[int] | None = None,
+                        ignorable: bool = False) -> Event:
         """A command's append (P3, P16): the log's refusals as they are; any other failure of
         the append (nothing was appended, L2) raised as an `InvariantError`."""
         try:
             return self.log.commit(type_, data, surface_op=surface_op,
-                                   source_event_seqs=source_event_seqs)
+                                   source_event_seqs=source_event_seqs, ignorable=ignorable)
         except (TurnstileError, *EXITS):
             raise
         except BaseException as error:
@@ -277,7 +282,7 @@ class Commands(Outputs):
             pass                        # P14: an observer's failure or veto never reaches the core
         elif isinstance(item, Append):
             self.append(item.type, item.data, surface_op=item.surface_op,
-                        source_event_seqs=item.source_event_seqs)
+                        source_event_seqs=item.source_event_seqs, ignorable=item.ignorable)
         elif isinstance(item, Resolve):
             self.resolve(item.effect, item.value)
         elif isinstance(item, Raise):

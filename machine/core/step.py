@@ -47,6 +47,7 @@ from machine.jsonvalue import (
 )
 from machine.vocabulary import (
     CHUNK_TYPES,
+    WHITESPACE,
     ErrorInfo,
     LlmFailure,
     Message,
@@ -55,6 +56,10 @@ from machine.vocabulary import (
     minted_id,
     validate_chunk,
 )
+
+#: R9.6: what the request effect's resolution may hold: the header's fields and the prepared
+#: request's retry policy (opaque, handed to recovery by R13.2 as the original does).
+_RESOLUTION_FIELDS = frozenset({"config", "system", "tools", "retryPolicy"})
 
 
 def _is_retry(value: JsonLike) -> bool:
@@ -146,6 +151,9 @@ class StepFrame(Frame):
     system: Frozen = None
     history_end: int = 0
     header: FrozenDict | None = None
+    # R9.6: the prepared request's {retryPolicy} when its preparation named one (R13.2 passes
+    # it on; absent stays absent, as every optional field of a payload)
+    prepared: FrozenDict | None = None
     model: int = -1
     awaiting: _Wait | None = None
     folded: list[_Folded] = field(default_factory=list)
@@ -155,6 +163,7 @@ class StepFrame(Frame):
     finish: FrozenDict | None = None
     usage: Frozen = None              # R9.8: the last usage chunk's figures
     failure: _Failure | None = None   # raised once its release notice is out
+    interrupted: bool = False         # D15: the abort stopped the stream; keep what it delivered
     calls: list[FrozenDict] = field(default_factory=list)   # R9.9: the message's tool calls
     concluded: bool = False
     took_steering: bool = False
@@ -167,6 +176,7 @@ class RequestFailedFrame(Frame):
 
     error: ErrorInfo
     facts: LlmFailure
+    prepared: FrozenDict | None = None
     effect: int = -1
     failure_json: FrozenDict | None = None
 
@@ -240,6 +250,10 @@ class Step(ToolBatch):
     def _step_header(self, frame: StepFrame, raw_header: JsonLike) -> Action:
         self._check_signal()
         header = frame.header = self._validate_header(raw_header)
+        if "retryPolicy" in header:                               # R9.6: not part of the header
+            frame.prepared = FrozenDict._adopt({"retryPolicy": header["retryPolicy"]})
+            header = frame.header = FrozenDict._adopt(
+                {key: value for key, value in header.items() if key != "retryPolicy"})
         header_reason = decisions.header_reason(
             self._header_logged, self.log.has_header,
             # Why: same_json compares as canonical JSON text would, without encoding twice.
@@ -283,20 +297,22 @@ class Step(ToolBatch):
         if kind == "raise":
             assert isinstance(value, ErrorInfo)
             if value.failure is None:                             # not a model failure
-                raise _Failure(value)
+                return self._stream_stopped(frame, _Failure(value))
             frame.phase = Step._step_request_failed
-            return self._request_failed(value, value.failure)
+            return self._request_failed(value, value.failure, frame.prepared)
         if kind == "end":
             if frame.finish is None:
-                raise _Failure(ErrorInfo("model stream ended without a finish chunk",
-                                         "InvalidChunkError", "INVALID_CHUNK"))
+                return self._stream_stopped(frame, _Failure(ErrorInfo(
+                    "model stream ended without a finish chunk", "InvalidChunkError",
+                    "INVALID_CHUNK")))
             return Step._step_streamed(self, frame, None)
         if self._ctrl is not None and self._ctrl.aborted:        # R9.7.1
+            frame.interrupted = True
             release = self._release(frame.model)
             if release is not None:
                 frame.phase = Step._step_raise
                 return release
-            raise _Aborted()
+            return Step._step_raise(self, frame, None)
         problem: str | None = None
         chunk: FrozenDict | None = None
         if frame.finish is not None:
@@ -323,11 +339,50 @@ class Step(ToolBatch):
         frame.phase = Step._step_stream_wait
         return durable
 
+    def _stream_stopped(self, frame: StepFrame, failure: _Failure) -> Action:
+        """The stream ended in a generic failure (R9.7); with the signal aborted, that is the
+        cancel stopping it, and what it delivered is kept first (D15)."""
+        if self._ctrl is None or not self._ctrl.aborted:
+            raise failure
+        frame.failure, frame.interrupted = failure, True
+        return Step._step_raise(self, frame, None)
+
     def _step_raise(self, frame: StepFrame, _sent: object) -> Action:
-        """The stream was released (P5): the step fails, aborted or with its failure."""
+        """The stream was released (P5) or stopped: the step fails, aborted or with its
+        failure, once a stream the abort stopped has its interrupted message (D15)."""
+        if frame.interrupted:
+            frame.interrupted = False
+            durable = self._interrupted_message(frame)
+            if durable is not None:
+                frame.phase = Step._step_raise
+                return durable
         if frame.failure is not None:
             raise frame.failure
         raise _Aborted()
+
+    def _interrupted_message(self, frame: StepFrame) -> Action | None:
+        """D15: the text and reasoning the stream delivered before the abort stopped it (blocks
+        that are not blank, in stream order; tool calls and other blocks left out) become the
+        step's assistant message marked interrupted; nothing when there is none."""
+        kept = [block for block in _folded_blocks(frame.folded)
+                if block["type"] in ("text", "reasoning")
+                and str(block["text"]).strip(WHITESPACE)]
+        if not kept:
+            return None
+        assert frame.header is not None
+        config = frame.header["config"]
+        assert isinstance(config, FrozenDict)
+        seq = len(self.log)
+        source = freeze_source({"kind": "model", "provider": config["provider"],
+                                "model": config["model"]}, "message.source")
+        message = Message(id=minted_id(self._mint, "assistant", seq), role="assistant",
+                          content=FrozenList(kept), source=source)
+        data: dict[str, Frozen] = {"turn": frame.turn, "step": frame.step,
+                                   "message": frozen_message(message), "interrupted": True}
+        if frame.usage is not None:
+            data["usage"] = frame.usage
+        frame.folded = []
+        return self._commit(ev.ASSISTANT_MESSAGE, data, surface=True, sources=frame.chunk_seqs)
 
     def _step_request_failed(self, frame: StepFrame, outcome: _StepOutcome) -> Action:
         frame.result = outcome
@@ -343,7 +398,8 @@ class Step(ToolBatch):
                      else DEFAULT_ABORT_FAILURE)
             frame.phase = Step._step_request_failed
             return self._request_failed(
-                ErrorInfo(facts.message, "ModelRequestError", facts.code, failure=facts), facts)
+                ErrorInfo(facts.message, "ModelRequestError", facts.code, failure=facts), facts,
+                frame.prepared)
         max_tokens = frame.max_tokens = finish_kind == "max-tokens"
         blocks = _folded_blocks(frame.folded)
         if max_tokens:                                            # R14.1
@@ -393,7 +449,8 @@ class Step(ToolBatch):
         return DONE
 
     def _validate_header(self, value: JsonLike) -> FrozenDict:
-        """R9.6: the prepared header {config, system?, tools?}; config names provider and model."""
+        """R9.6: the request's resolution {config, system?, tools?, retryPolicy?}: the header
+        and the retry policy of the prepared request; config names provider and model."""
         try:
             header = freeze(value, "header")
         except ValidationError as problem:
@@ -401,8 +458,8 @@ class Step(ToolBatch):
         problem_text: str | None = None
         if not isinstance(header, FrozenDict) or not isinstance(header.get("config"), FrozenDict):
             problem_text = "the request header must be a mapping {config, system?, tools?}"
-        elif set(header) - {"config", "system", "tools"}:
-            problem_text = f"unexpected header field(s) {sorted(set(header) - {'config', 'system', 'tools'})}"
+        elif set(header) - _RESOLUTION_FIELDS:
+            problem_text = f"unexpected header field(s) {sorted(set(header) - _RESOLUTION_FIELDS)}"
         else:
             config = header["config"]
             assert isinstance(config, FrozenDict)
@@ -418,9 +475,11 @@ class Step(ToolBatch):
         assert isinstance(header, FrozenDict)
         return header
 
-    def _request_failed(self, error: ErrorInfo, facts: LlmFailure) -> RequestFailedFrame:
+    def _request_failed(self, error: ErrorInfo, facts: LlmFailure,
+                        prepared: FrozenDict | None) -> RequestFailedFrame:
         """R13.2: step/end, recovery, classification."""
-        return RequestFailedFrame(phase=Step._request_failed_begin, error=error, facts=facts)
+        return RequestFailedFrame(phase=Step._request_failed_begin, error=error, facts=facts,
+                                  prepared=prepared)
 
     def _request_failed_begin(self, frame: RequestFailedFrame, _sent: object) -> Action:
         self.lifecycle.fire("request_failed")
@@ -432,10 +491,13 @@ class Step(ToolBatch):
         assert ctrl is not None
         frame.failure_json = frozen_json(frame.facts)
         if not ctrl.aborted:
-            recovery = self._new_effect(REQUEST_ERROR, FrozenDict({
+            payload: dict[str, Frozen] = {
                 "turn": self._turn, "step": self._step, "signal": ctrl.signal,
                 "error": frozen_json(frame.error), "failure": frame.failure_json,
-                "priorFailures": FrozenList(self._prior_failures)}))
+                "priorFailures": FrozenList(self._prior_failures)}
+            if frame.prepared is not None:                        # R13.2: the request's policy
+                payload.update(frame.prepared)
+            recovery = self._new_effect(REQUEST_ERROR, FrozenDict._adopt(payload))
             frame.effect = recovery.id
             frame.phase = Step._request_failed_wait
             return recovery

@@ -49,7 +49,8 @@ from machine.runtime.retry import RetryPolicy
 from machine.runtime.signal import Signal
 from machine.runtime.sink import InMemorySink, PersistentSession, SessionSink
 from machine.runtime.tools import Tool, ToolRegistry
-from machine.store.errors import SessionNotFoundError
+from machine.store.errors import SessionNotFoundError, UnreadableSessionError
+from machine.store.resume import check_readable
 from machine.store.types import LoadMode, LoadReport, SessionStore
 from machine.vocabulary import CancelCause, ErrorInfo, Message, Target, user_message
 
@@ -200,7 +201,7 @@ class Agent:
                request_options: Mapping[str, JsonValue] | None = None,
                max_parallel_tool_calls: int = 10, publish: bool = True,
                clock: Callable[[], float] | None = None,
-               retry_policy: RetryPolicy | None = None) -> Agent:
+               retry_policy: RetryPolicy | None = None, reads: Iterable[str] = ()) -> Agent:
         """An agent that continues the stored session *session_id* of *store* (RT17).
 
         The session is loaded in *mode* (``strict`` raises `DamageError` on damage;
@@ -210,7 +211,10 @@ class Agent:
         (`PersistentSession`, released after the agent's teardown). What the load found is
         ``agent.load_report``; damage and repair are also logged at WARNING. With *create*, a
         session that does not exist yet is created instead (``load_report`` is then None).
-        The other options are the constructor's."""
+        A session holding an event whose type is neither the core's nor in *reads* (the
+        extension types the application reads), unless marked ignorable, is released again
+        and refused with `UnreadableSessionError` (D16). The other options are the
+        constructor's."""
         report: LoadReport | None = None
         log: SessionLog | None = None
         try:
@@ -220,6 +224,11 @@ class Agent:
                 raise
             store.create(session_id)
         else:
+            try:
+                check_readable(session_id, result.events, reads)
+            except UnreadableSessionError:
+                store.release(session_id)
+                raise
             report = result.report
             log = SessionLog(result.events, clock=clock)
             if not report.clean:
@@ -348,13 +357,15 @@ class Agent:
         self._commanded()
 
     def append(self, type: str, data: Mapping[str, JsonValue], *,
-               surface_op: JsonValue = None, source_event_seqs: Iterable[int] | None = None
-               ) -> Event:
-        """A direct append by extension code: checked, committed and delivered in order."""
+               surface_op: JsonValue = None, source_event_seqs: Iterable[int] | None = None,
+               ignorable: bool = False) -> Event:
+        """A direct append by extension code: checked, committed and delivered in order.
+        With *ignorable*, a build that does not read this extension type may still resume the
+        session (D16; by default a session holding it is refused on resume)."""
         self._bind()
         event = self._core.append(type, data, surface_op=surface_op,
                                   source_event_seqs=None if source_event_seqs is None
-                                  else list(source_event_seqs))
+                                  else list(source_event_seqs), ignorable=ignorable)
         self._commanded()
         return event
 

@@ -1,19 +1,21 @@
-"""``turnstile demo`` / ``make demo``: a narrated session through the asyncio runtime.
+"""``turnstile demo`` / ``make demo``: what goes wrong at an agent loop's seams, and what
+turnstile does instead, told through the asyncio runtime with a scripted model.
 
-Five moments of the loop's routing, each printed as the durable log events
-and live notifications it produced (colour on a terminal, plain when piped):
+Four scenes, each shown as a loop without this design handles it (a loop that writes each
+message the moment it arrives, or the original implementation where it lost input) and as
+turnstile does, with the request the model is sent next or the session log it leaves (colour
+on a terminal, plain when piped):
 
-1. idle injection: a context appended at once, no turn;
-2. a blocked admission with retained steering: the blocked prompt leaves no
-   trace, the steering accepted during its admission waits for the next turn;
-3. late steering from a ``turn/end`` observer: it becomes the next prompt;
-4. a tool batch with contexts: parallel reads, results in model order, the
-   tools' contexts after every result;
-5. a cancel with ``keep_inbox``: the streaming turn is aborted, the queued
-   prompt survives and runs.
+1. the user types while a tool runs: written at once, the message splits the call from its
+   result and the provider refuses the next request; turnstile holds it to the step's end;
+2. messages arriving as a turn ends: a plugin's report and a late line of the user's, lost
+   by the original; turnstile writes the report and runs the line as the next prompt;
+3. a cancel in the middle of an answer: the text the user watched stream is kept, so "go on"
+   has something to go on from;
+4. a blocked prompt: no trace of it, the context beside it kept.
 
-Then the session log is validated and the conformance corpus is replayed
-through the runtime (every vector must give exactly the core's outputs).
+Then the session log is checked against the session rules and the conformance corpus is
+replayed through the runtime (every vector must give exactly the core's outputs).
 """
 
 from __future__ import annotations
@@ -29,16 +31,16 @@ from pathlib import Path
 from typing import Final, TextIO
 
 from machine.events import Event, LiveEvent
-from machine.io import Control, Durable, Live, Output
 from machine.jsonvalue import Frozen, FrozenDict, FrozenList
 from machine.log import validate_events
+from machine.providers import chat_refusals
 from machine.runtime.agent import Agent
-from machine.runtime.hooks import Next, PromptSubmit
+from machine.runtime.hooks import JsonValue, Next, PromptSubmit
 from machine.runtime.model import Hang, ScriptedModel, calls_reply, text_reply
 from machine.runtime.sink import InMemorySink
 from machine.runtime.tools import Tool, ToolCall
 from machine.specfiles import CHECKOUT_SPECS, SHIPPED_SPECS, spec_root
-from machine.vocabulary import Block, PromptDecision, ToolResult, user_message
+from machine.vocabulary import Block, Message, PromptDecision, ToolResult, user_message
 
 __all__ = ["main", "run_demo"]
 
@@ -162,7 +164,6 @@ class _Printer:
         self.out = out
         self.style = _Style(colour)
         self.width = max(80, shutil.get_terminal_size((110, 24)).columns) if colour else 110
-        self.pending: list[Output] = []
 
     def line(self, text: str = "") -> None:
         print(text, file=self.out)
@@ -173,165 +174,263 @@ class _Printer:
         for sentence in story:
             self.line(self.style(f"  {sentence}", "3"))
 
-    def note(self, text: str) -> None:
-        self.line(self.style(f"  ⇒ {text}", "33"))
+    def side(self, title: str, good: bool) -> None:
+        self.line(self.style(f"  {title}", "1;32" if good else "1;31"))
 
-    def rows(self, outputs: Iterable[Output]) -> None:
-        """The durable and live outputs as a table; a run of chunks is one row."""
-        chunk_run: list[Event] = []
+    def verdict(self, text: str, good: bool) -> None:
+        mark = "✓" if good else "✗"
+        self.line(self.style(f"    {mark} {text}", "32" if good else "31"))
+
+    def conversation(self, messages: Iterable[_Said]) -> None:
+        """Messages as a model request carries them: role, then what it says."""
+        for said in messages:
+            head = f"    {said.role:<10} "
+            room = max(10, self.width - len(head))
+            text = said.text if len(said.text) <= room else said.text[:room - 1] + "…"
+            colour = {"user": "35", "assistant": "34", "tool": "33"}.get(said.role, "0")
+            self.line(self.style(f"    {said.role:<10}", colour) + " " + text)
+
+    def log(self, events: Iterable[Event]) -> None:
+        """Session log events, a run of streamed chunks as one row."""
+        chunks: list[Event] = []
 
         def flush_chunks() -> None:
-            if not chunk_run:
-                return
-            seqs = f"{chunk_run[0].seq}-{chunk_run[-1].seq}" if len(chunk_run) > 1 \
-                else str(chunk_run[0].seq)
-            text = "".join(str(_get(e.data, "chunk", "text") or "") for e in chunk_run)
-            kinds = [str(_get(e.data, "chunk", "type")) for e in chunk_run]
-            detail = f"×{len(chunk_run)}  {_quote(text)}" + ("  +finish" if "finish" in kinds else "")
-            self._row("log", seqs, "assistant/chunk", detail, "2")
-            chunk_run.clear()
+            if chunks:
+                text = "".join(str(_get(e.data, "chunk", "text") or "") for e in chunks)
+                self._row(f"{chunks[0].seq}-{chunks[-1].seq}" if len(chunks) > 1
+                          else str(chunks[0].seq), "assistant/chunk",
+                          f"×{len(chunks)}  {_quote(text)}", "2")
+                chunks.clear()
 
-        for output in outputs:
-            if isinstance(output, Durable):
-                if output.event.type == "assistant/chunk":
-                    chunk_run.append(output.event)
-                    continue
-                flush_chunks()
-                colour = "1;32" if output.event.type in ("turn/start", "turn/end") else "32"
-                self._row("log", str(output.event.seq), output.event.type,
-                          _event_detail(output.event), colour)
-            elif isinstance(output, Live):
-                flush_chunks()
-                self._row("live", "", output.event.type, _live_detail(output.event), "35")
-            elif isinstance(output, Control) and output.kind == "abort":
-                flush_chunks()
-                reason = output.payload.get("reason")
-                kind = reason.get("kind") if isinstance(reason, FrozenDict) else ""
-                self._row("ctl", "", "abort", f"signal id {output.payload.get('signal')}, "
-                          f"reason {kind}", "31")
+        for event in events:
+            if event.type == "assistant/chunk":
+                chunks.append(event)
+                continue
+            flush_chunks()
+            colour = "1;32" if event.type in ("turn/start", "turn/end") else "32"
+            self._row(str(event.seq), event.type, _event_detail(event), colour)
         flush_chunks()
 
-    def _row(self, kind: str, seq: str, type_: str, detail: str, colour: str) -> None:
-        s = self.style
-        head = f"  {kind:<4} {seq:>5}  {type_:<24} "
+    def _row(self, seq: str, type_: str, detail: str, colour: str) -> None:
+        head = f"    {seq:>5}  {type_:<19} "
         room = max(10, self.width - len(head))
         if len(detail) > room:
             detail = detail[:room - 1] + "…"
-        self.line(s(f"  {kind:<4} {seq:>5}  ", "2") + s(f"{type_:<24}", colour) + " " + detail)
+        self.line(self.style(f"    {seq:>5}  ", "2") + self.style(f"{type_:<19}", colour)
+                  + " " + detail)
+
+
+@dataclass(frozen=True, slots=True)
+class _Said:
+    """One message of a request, as the demo prints it."""
+
+    role: str             # user, assistant or tool
+    text: str
+    calls: tuple[str, ...] = ()      # the tool-call ids an assistant message makes
+    answers: str = ""                # the tool-call id a tool message answers
+
+    @classmethod
+    def of(cls, message: Message) -> _Said:
+        blocks = [b for b in message.content if isinstance(b, FrozenDict)]
+        calls = tuple(str(b.get("id")) for b in blocks if b.get("type") == "tool-call")
+        results = [b for b in blocks if b.get("type") == "tool-result"]
+        if results:
+            inner = results[0].get("content")
+            text = "".join(str(b.get("text", "")) for b in inner if isinstance(b, FrozenDict)) \
+                if isinstance(inner, FrozenList) else ""
+            return cls("tool", f"result of {results[0].get('toolCallId')}: {_quote(text)}",
+                       answers=str(results[0].get("toolCallId")))
+        names = [f"{b.get('name')}({b.get('arguments')})" for b in blocks
+                 if b.get("type") == "tool-call"]
+        text = "".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
+        shown = (_quote(text) if text else "") + ("  " if text and names else "") + (
+            f"calls {', '.join(names)}" if names else "")
+        if message.role == "assistant" and isinstance(message.source, FrozenDict) and \
+                message.source.get("kind") == "model" and not calls and not text:
+            shown = "(nothing)"
+        return cls(message.role, shown, calls)
+
+
+def chat_refusal(messages: Sequence[_Said]) -> str | None:
+    """What the Chat Completions API answers (HTTP 400) to these messages, by the providers'
+    rules (`machine.providers.rules`, specs/providers.md); None when it accepts them."""
+    body: list[dict[str, JsonValue]] = []
+    for said in messages:
+        if said.role == "tool":
+            body.append({"role": "tool", "tool_call_id": said.answers, "content": said.text})
+        elif said.calls:
+            body.append({"role": "assistant", "content": said.text, "tool_calls": [
+                {"id": call, "type": "function",
+                 "function": {"name": "read", "arguments": "{}"}} for call in said.calls]})
+        else:
+            body.append({"role": said.role, "content": said.text})
+    refusals = chat_refusals({"model": "demo-1", "messages": body})
+    return refusals[0].message if refusals else None
 
 
 async def _session(printer: _Printer) -> tuple[Agent, InMemorySink]:
-    """The narrated session; returns the disposed agent and its store."""
+    """The four scenes, through one agent; returns the disposed agent and its store."""
     clock = iter(range(CLOCK_START, CLOCK_START + 10**6))
     store = InMemorySink()
     model = ScriptedModel([
-        text_reply("build/  src/  README.md", pieces=2),
-        text_reply("src/ holds main.py and db.py."),
-        text_reply("README: a small demo service.", pieces=2),
-        calls_reply(("call-1", "read", '{"path": "app.toml"}'),
-                    ("call-2", "read", '{"path": "db.toml"}'), text="Reading both."),
-        text_reply("Both configs point at port 8080."),
-        Hang(({"type": "text", "text": "Once upon"}, {"type": "text", "text": " a time"})),
-        text_reply("Goodbye!"),
+        calls_reply(("call-1", "read", '{"path": "config.toml"}'), text="Reading the config."),
+        text_reply("Switching to staging.toml: it listens on port 8443."),
+        text_reply("Done: the tests are running.", pieces=2),
+        text_reply("Deploying to staging now."),
+        Hang(({"type": "text", "text": "Once upon a time, "},
+              {"type": "text", "text": "a fox found a key"})),
+        text_reply("…and the key opened the old mill's door."),
+        text_reply("build/  src/  README.md"),
     ], provider="demo", model="demo-1")
 
-    async def read(call: ToolCall) -> ToolResult:
-        path = call.arguments.get("path") if isinstance(call.arguments, dict) else "?"
-        await asyncio.sleep(0.002 if path == "app.toml" else 0.001)   # the second read ends first
-        context = user_message(f"ctx-{call.call_id}", f"{path} was read at revision 42",
-                               {"kind": "plugin", "plugin": "fs"})
-        return ToolResult([{"type": "text", "text": f"port = 8080  # {path}"}],  # type: ignore[arg-type]
-                          additional_contexts=(context,))
+    reading = asyncio.Event()
+    typed = asyncio.Event()
 
-    deliberating = asyncio.Event()
-    verdict: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    async def read(call: ToolCall) -> ToolResult:
+        reading.set()
+        await typed.wait()                   # the user types while the read runs
+        return ToolResult([{"type": "text", "text": "port = 8080"}])  # type: ignore[arg-type]
 
     async def guard(submit: PromptSubmit, next_: Next[PromptDecision]) -> PromptDecision:
         if "rm -rf" in submit.message.text:
-            deliberating.set()
-            await verdict
             return Block("destructive command")
         return await next_()
 
     agent = Agent(model, tools=[Tool("read", read, "parallel", "Read a file.")],
                   sink=store, clock=lambda: next(clock))
     agent.hooks.prompt_submit.use(guard)
-    outputs: list[Output] = []
-    agent.observe(outputs.append)
 
-    def section() -> list[Output]:
-        taken = list(outputs)
-        outputs.clear()
-        return taken
+    def since(mark: int) -> list[Event]:
+        return list(agent.session.events)[mark:]
 
     async with agent:
-        printer.heading(1, "Idle injection", [
-            "A shell plugin injects its working directory while the agent is idle."])
-        agent.inject(user_message("ctx-0", "cwd is /srv/app", {"kind": "plugin", "plugin": "shell"}))
-        printer.rows(section())
-        printer.note("appended at once as a user/message: no turn, no model call")
-
-        printer.heading(2, "A blocked admission with retained steering", [
-            "The user asks for `rm -rf build/`; the prompt-submit guard deliberates.",
-            "Meanwhile the user steers; the guard then blocks the prompt."])
-        agent.followup("rm -rf build/")
-        await deliberating.wait()
-        agent.steer("actually, just list the files")
-        verdict.set_result(None)
+        # -- 1 -------------------------------------------------------------------------
+        printer.heading(1, "The user types while a tool runs", [
+            "The model asks to read config.toml. While the read runs, the user types",
+            "\"use staging.toml instead\"."])
+        agent.followup("deploy the app")
+        await reading.wait()
+        agent.steer("use staging.toml instead")
+        typed.set()
         await agent.when_idle()
-        printer.rows(section())
-        printer.note(f"the blocked prompt left no trace; the steering is retained "
-                     f"(pending steering: {agent.core.pending_steering})")
-        agent.followup("list the files")
-        await agent.when_idle()
-        printer.rows(section())
-        printer.note("the next admitted turn takes the retained steering before its prompt")
+        naive = [_Said("user", _quote("deploy the app")),
+                 _Said("assistant", f"{_quote('Reading the config.')}  calls "
+                       "read({\"path\": \"config.toml\"})", ("call-1",)),
+                 _Said("user", _quote("use staging.toml instead")),
+                 _Said("tool", f"result of call-1: {_quote('port = 8080')}", answers="call-1")]
+        printer.side("Without turnstile: a loop that writes each message the moment it arrives "
+                     "puts it between the call and its result; the next request is", False)
+        printer.conversation(naive)
+        problem = chat_refusal(naive)
+        printer.verdict(f"refused by the provider (HTTP 400): {problem}", problem is None)
+        after = [_Said.of(m) for m in model.calls[1].messages]
+        printer.side("With turnstile: the message waits for the step to end, then joins the "
+                     "same turn; the next request is", True)
+        printer.conversation(after)
+        answer = model_answer(agent, 1)
+        printer.verdict("every tool result follows its call; the model answers the new "
+                        f"instruction in the same turn: {_quote(answer, 80)}",
+                        chat_refusal(after) is None)
 
-        printer.heading(3, "Late steering from a turn/end observer", [
-            "A listener on turn/end steers once; the window is already closed."])
-        def late(event: Event) -> None:
+        # -- 2 -------------------------------------------------------------------------
+        printer.heading(2, "Messages that arrive as a turn ends", [
+            "A CI plugin listens for the end of each turn and reports \"tests passed\";",
+            "the user's next line, \"and deploy it\", arrives at that same moment."])
+        mark = len(agent.session.events)
+
+        def at_turn_end(event: Event) -> None:
             if event.data["turn"] == 2:
-                agent.steer("also summarise README.md")
-        stop = agent.on("turn/end", late)
-        agent.followup("what is in src/?")
+                agent.inject(user_message("ci-1", "tests passed (42 of 42)",
+                                          {"kind": "plugin", "plugin": "ci"}))
+                agent.steer("and deploy it")
+        stop = agent.on("turn/end", at_turn_end)
+        agent.followup("run the tests")
         await agent.when_idle()
         stop()
-        printer.rows(section())
-        printer.note("the late steer became a queued prompt: turn 3 ran right after turn 2's "
-                     "post-turn flush (the barrier that makes the log durable, R12.4), with no "
-                     "idle in between")
+        printer.side("Without turnstile: the original loop refuses a write made by a listener "
+                     "of the turn's end (it is still announcing it) and swallows the error", False)
+        printer.verdict("the report \"tests passed\" is lost; and a loop that takes a typed "
+                        "line only into a running turn drops \"and deploy it\" too", False)
+        printer.side("With turnstile: the report is written right after the turn's end, and "
+                     "the late line becomes the next prompt, run at once", True)
+        closed = next(i for i, e in enumerate(since(mark)) if e.type == "turn/end")
+        printer.log(since(mark)[closed:closed + 4])
+        after_end = [e for e in since(mark)[closed:] if e.type in ("user/message", "turn/start")]
+        said = [_text(e.data) for e in after_end if e.type == "user/message"]
+        printer.verdict("nothing accepted was lost: after the turn's end, "
+                        + ", then ".join(_describe(e) for e in after_end),
+                        said == ["tests passed (42 of 42)", "and deploy it"])
 
-        printer.heading(4, "A tool batch with contexts", [
-            "The model reads two files with a parallel-safe tool; the second read ends first."])
-        agent.followup("read the two config files")
-        await agent.when_idle()
-        printer.rows(section())
-        printer.note("results in model order; the tools' contexts come after every result")
-
-        printer.heading(5, "A cancel with keep_inbox", [
-            "While the model streams an essay, the user queues a goodbye,",
-            "then cancels the turn with keep_inbox=True."])
+        # -- 3 -------------------------------------------------------------------------
+        printer.heading(3, "A cancel in the middle of an answer", [
+            "The model streams a story; the user reads \"Once upon a time, a fox found a key\",",
+            "cancels, then says \"go on\"."])
         streaming = asyncio.Event()
-        stop = agent.on("assistant/chunk", lambda e: streaming.set())
-        agent.followup("write a long essay")
+        stop = agent.on("assistant/chunk", lambda e: streaming.set()
+                        if "fox" in str(_get(e.data, "chunk", "text")) else None)
+        agent.followup("tell me a story")
         await streaming.wait()
         stop()
-        agent.followup("then say goodbye")
-        agent.cancel("user", keep_inbox=True)
+        agent.cancel("user")
         await agent.when_idle()
-        printer.rows(section())
-        printer.note("the turn ended aborted; the queued prompt survived and ran")
-    printer.line()
-    printer.line(printer.style("▸ Disposal", "1;36"))
-    printer.rows(section())
+        agent.followup("go on")
+        await agent.when_idle()
+        request = [_Said.of(m) for m in model.calls[-1].messages][-3:]
+        kept = [e for e in agent.session.events if e.type == "assistant/message"
+                and e.data.get("interrupted") is True]
+        printer.side("Without turnstile: the cancelled text stays on the user's screen but not "
+                     "in the history; the next request ends with", False)
+        printer.conversation([m for m in request if m.role != "assistant"])
+        printer.verdict("the model never sees what it said, so \"go on\" has nothing to go on "
+                        "from", False)
+        printer.side("With turnstile: what the user watched stream is kept as the turn's "
+                     "answer, marked interrupted; the next request ends with", True)
+        printer.conversation(request)
+        printer.verdict(f"the model continues the story: {_quote(model_answer(agent, -1), 80)}",
+                        len(kept) == 1)
+
+        # -- 4 -------------------------------------------------------------------------
+        printer.heading(4, "A blocked prompt", [
+            "A shell plugin adds \"cwd is /srv/app\" as the user asks for `rm -rf /`;",
+            "a guard blocks the command."])
+        mark = len(agent.session.events)
+        agent.inject(user_message("cwd-1", "cwd is /srv/app", {"kind": "plugin", "plugin": "shell"}))
+        agent.followup("rm -rf /")
+        await agent.when_idle()
+        agent.followup("list the files")
+        await agent.when_idle()
+        printer.side("Without turnstile: a loop that writes the prompt before asking the guard",
+                     False)
+        printer.verdict("keeps `rm -rf /` in every later request the model is sent; one that "
+                        "drops the whole send loses the plugin's context with it", False)
+        printer.side("With turnstile: the blocked prompt leaves no trace, the plugin's context "
+                     "is kept, and the next prompt runs as usual", True)
+        printer.log(since(mark))
+        texts = [_text(e.data) for e in since(mark) if e.type == "user/message"]
+        printer.verdict("the log holds the context and \"list the files\", never \"rm -rf /\"",
+                        "rm -rf /" not in texts and "cwd is /srv/app" in texts)
     return agent, store
+
+
+def model_answer(agent: Agent, turn: int) -> str:
+    """The text of the last assistant message of *turn* (-1: the last turn)."""
+    events = list(agent.session.events)
+    wanted = agent.session.last_turn if turn == -1 else turn
+    answers = [e for e in events if e.type == "assistant/message" and e.data["turn"] == wanted]
+    return _text(answers[-1].data.get("message")) if answers else ""
+
+
+def _describe(event: Event) -> str:
+    if event.type == "turn/start":
+        return f"turn {event.data['turn']} starts"
+    return _quote(_text(event.data))
 
 
 def _corpus(printer: _Printer, specs: Path | None, *, required: bool) -> bool:
     """Replay the conformance vectors and example scripts through the runtime."""
     s = printer.style
     printer.line()
-    printer.line(s("▸ The conformance corpus, through the asyncio runtime", "1;36"))
+    printer.line(s("▸ The conformance corpus, replayed through the asyncio runtime", "1;36"))
     ok = True
     logger = logging.getLogger("turnstile")
     level = logger.level
@@ -395,21 +494,19 @@ def run_demo(out: TextIO, *, colour: bool, root: Path | None = None) -> int:
     """
     printer = _Printer(out, colour)
     s = printer.style
-    printer.line(s("turnstile demo", "1") + " — a narrated session through the asyncio runtime "
-                 "(machine.runtime.Agent)")
-    printer.line(s("  columns: log = durable session event (seq), live = notification, "
-                   "ctl = control", "2"))
-    printer.line(s("  (ctl abort: the core cancels the work that carries that signal id; each "
-                   "admission and turn gets its own id: not an OS signal)", "2"))
+    printer.line(s("turnstile demo", "1") + " — what goes wrong at an agent loop's seams, "
+                 "and what turnstile does instead")
+    printer.line(s("  One agent (machine.runtime.Agent) with a scripted model and a file tool; "
+                   "log rows are the session log: position, event, what it holds.", "2"))
     agent, store = asyncio.run(asyncio.wait_for(_session(printer), 60))
     events = list(agent.session.events)
     violation = validate_events(events)
     turns = sum(1 for e in events if e.type == "turn/start")
     printer.line()
     printer.line(s("▸ The session log", "1;36"))
-    printer.line(f"  {len(events)} events, {turns} turns, {store.flushes} store flushes (one "
-                 f"after every turn: the log made durable); "
-                 + (s("valid (rules L1-L14)", "32") if violation is None
+    printer.line(f"  {len(events)} events in {turns} turns, saved to the store after every "
+                 f"turn ({store.flushes} saves); "
+                 + (s("every session rule holds", "32") if violation is None
                     else s(f"INVALID: {violation}", "31")))
     specs = spec_root() if root is None else root / "specs"
     ok = _corpus(printer, specs, required=root is None) and violation is None

@@ -26,10 +26,10 @@ against the core.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Final, TypeAlias
 
-from machine.errors import ProtocolError
+from machine.errors import ProtocolError, ValidationError
 from machine.io import (
     FLUSH,
     PROMPT_SUBMIT,
@@ -43,7 +43,7 @@ from machine.io import (
     TURN_STOPPING,
     Effect,
 )
-from machine.jsonvalue import Frozen, FrozenDict, FrozenList, thaw
+from machine.jsonvalue import Frozen, FrozenDict, FrozenList, freeze, thaw
 from machine.runtime.hooks import (
     Hooks,
     JsonValue,
@@ -95,7 +95,8 @@ class Environment:
     *preparer* is the model adapter's ``prepare`` part (`RequestPreparer`) or ``None``;
     the agent decides it once, at construction."""
 
-    __slots__ = ("hooks", "preparer", "retry_policy", "sink", "system", "tools")
+    __slots__ = ("hooks", "preparer", "retry_policy", "retry_policy_json", "sink", "system",
+                 "tools")
 
     def __init__(self, *, hooks: Hooks, tools: ToolRegistry, system: JsonValue | SystemPrompt,
                  sink: SessionSink, preparer: RequestPreparer | None,
@@ -106,6 +107,7 @@ class Environment:
         self.sink = sink
         self.preparer = preparer
         self.retry_policy = retry_policy
+        self.retry_policy_json = freeze(retry_policy.to_json(), "retry_policy")
 
     def start(self, effect: Effect, signal: Signal | None) -> Work | Immediate:
         """Begin *effect*'s work: the coroutine to await, or its value (`Immediate`).
@@ -144,8 +146,8 @@ class Environment:
             prompt: Frozen = payload.get("system")
             request = hooks.request.snapshot()
             if not request and self.preparer is None:
-                return Immediate(default_header(
-                    RequestDraft(turn, step, signal, seed, prompt, self.tools.spec_tuple())))
+                return Immediate(self._with_policy(default_header(
+                    RequestDraft(turn, step, signal, seed, prompt, self.tools.spec_tuple()))))
             return self._request(RequestContext(turn, step, signal, seed, prompt), request)
         if kind == REQUEST_ERROR:
             recovery = hooks.request_error.snapshot()
@@ -156,7 +158,7 @@ class Environment:
                 turn, step, signal, ErrorInfo.from_json(payload["error"]),
                 LlmFailure.from_json(payload["failure"]),
                 tuple(LlmFailure.from_json(f) for f in prior) if isinstance(prior, FrozenList)
-                else (), self.retry_policy)
+                else (), self._policy_of(payload.get("retryPolicy")))
             return self._request_error(context, recovery)
         if kind in (TOOL_PREPARE, TOOL_EXECUTE, TOOL_FINALIZE):
             return self._tool_stage(kind, payload, turn, step, signal)
@@ -174,8 +176,27 @@ class Environment:
         draft = RequestDraft(context.turn, context.step, context.signal, config, context.system,
                              self.tools.spec_tuple())
         if self.preparer is not None:
-            return await self.preparer.prepare(draft)
-        return default_header(draft)
+            return self._with_policy(await self.preparer.prepare(draft))
+        return self._with_policy(default_header(draft))
+
+    def _with_policy(self, resolution: object) -> object:
+        """RT16, R9.6: the agent's retry policy named beside the header, unless the preparer
+        named one, or says its resolutions name it themselves (``names_retry_policy``); a
+        value that is no mapping is the core's to refuse, as it is."""
+        if isinstance(resolution, Mapping) and "retryPolicy" not in resolution and not getattr(
+                self.preparer, "names_retry_policy", False):
+            return {**resolution, "retryPolicy": self.retry_policy_json}
+        return resolution
+
+    def _policy_of(self, named: Frozen) -> RetryPolicy:
+        """RT16, R13.2: the policy of the request that failed, as its preparation named it; the
+        agent's when it named the agent's, none, or a value that is not a `RetryPolicy`."""
+        if named is None or named == self.retry_policy_json:
+            return self.retry_policy
+        try:
+            return RetryPolicy.from_json(named, random=self.retry_policy.random)
+        except ValidationError:
+            return self.retry_policy
 
     async def _request_error(self, context: RequestErrorContext, chain: tuple[Any, ...]
                              ) -> object:

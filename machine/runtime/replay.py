@@ -185,6 +185,9 @@ class _Puppet:
     async def system(self, _context: StepContext) -> JsonValue:
         return cast(JsonValue, await self.value(SYSTEM_PROMPT))
 
+    #: RT16: the script's resolutions are exact; a retry policy is named only where they name one.
+    names_retry_policy: Final = True
+
     async def prepare(self, _draft: RequestDraft) -> Mapping[str, JsonValue]:
         return cast("Mapping[str, JsonValue]", await self.value(REQUEST))
 

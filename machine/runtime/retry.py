@@ -6,9 +6,13 @@ is the environment's business (specs/core.md R3.2). In the reference the
 serving model adapter owns a ``retryPolicy`` and hands it to every
 request-error handler; here that is `RetryPolicy`:
 
-* each handler gets the agent's policy as ``context.retry_policy`` (the
-  agent's ``retry_policy=`` option, else the model adapter's
-  ``retry_policy`` attribute, else ``RetryPolicy()``);
+* the agent's policy (its ``retry_policy=`` option, else the model adapter's
+  ``retry_policy`` attribute, else ``RetryPolicy()``) is named beside each
+  request header as ``retryPolicy`` (`RetryPolicy.to_json`; a preparer that
+  names its own keeps it), passes through the core, and each handler gets
+  the policy of the request that failed as ``context.retry_policy``
+  (`RetryPolicy.from_json`; a policy that is not one of these, or none, gives
+  the agent's);
 * `RetryPolicy.delay(failure, attempt)` says how long to wait before the
   retry, or ``None`` to give up: exponential backoff with jitter, at least the
   provider's ``Retry-After`` (``providerRetryAfterMs``), at most
@@ -29,16 +33,16 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from machine.errors import ValidationError
 from machine.runtime.signal import Signal
 from machine.vocabulary import LlmFailure
 
 if TYPE_CHECKING:
-    from machine.runtime.hooks import Next, RequestErrorContext
+    from machine.runtime.hooks import JsonValue, Next, RequestErrorContext
 
 __all__ = ["RETRY", "RETRYABLE_CODES", "RETRYABLE_STATUSES", "RetryAction", "RetryPolicy",
            "retry_request", "sleep_unless_aborted"]
@@ -59,6 +63,8 @@ class RetryAction:
 
 
 RETRY: Final = RetryAction()
+#: The default source of jitter (`RetryPolicy.random`).
+_UNIFORM: Final = random.random
 
 
 def _positive(name: str, value: float, *, zero: bool = True) -> None:
@@ -114,6 +120,42 @@ class RetryPolicy:
         object.__setattr__(self, "retry_codes", frozenset(self.retry_codes))
         object.__setattr__(self, "retry_statuses", frozenset(self.retry_statuses))
 
+    def to_json(self) -> dict[str, JsonValue]:
+        """The policy as JSON: what the runtime names beside each request header (R9.6) and
+        gets back in a failed request's request-error payload (R13.2); ``random`` is not part
+        of it."""
+        return {"maxAttempts": self.max_attempts, "baseDelay": self.base_delay,
+                "multiplier": self.multiplier, "maxDelay": self.max_delay, "jitter": self.jitter,
+                "honourRetryAfter": self.honour_retry_after,
+                "maxRetryAfter": self.max_retry_after,
+                "retryCodes": sorted(self.retry_codes),
+                "retryStatuses": sorted(self.retry_statuses)}
+
+    @classmethod
+    def from_json(cls, value: object, *,
+                  random: Callable[[], float] = _UNIFORM) -> RetryPolicy:
+        """The policy `to_json` wrote, drawing its jitter from *random*; a `ValidationError`
+        names what is wrong otherwise."""
+        if not isinstance(value, Mapping):
+            raise ValidationError("retry_policy", f"must be a mapping, not {type(value).__name__}")
+        unknown = sorted(set(value) - set(_JSON_FIELDS))
+        if unknown:
+            raise ValidationError("retry_policy", f"unexpected field(s) {unknown}")
+        options: dict[str, Any] = {}
+        for key, name in _JSON_FIELDS.items():
+            if key not in value:
+                continue
+            item = value[key]
+            if name in ("retry_codes", "retry_statuses"):
+                kind = str if name == "retry_codes" else int
+                if isinstance(item, (str, bytes)) or not isinstance(item, Iterable) or any(
+                        type(element) is not kind for element in item):
+                    raise ValidationError(f"retry_policy.{key}",
+                                          f"must be a list of {kind.__name__}s")
+                item = frozenset(item)
+            options[name] = item
+        return cls(**options, random=random)
+
     def retryable(self, failure: LlmFailure) -> bool:
         """Whether *failure* is transient: its code or status says a retry may succeed."""
         status = failure.status
@@ -147,6 +189,14 @@ class RetryPolicy:
                 return None
             wait = max(wait, seconds)
         return wait
+
+
+#: The JSON names of a policy's fields (`RetryPolicy.to_json`).
+_JSON_FIELDS: Final = {"maxAttempts": "max_attempts", "baseDelay": "base_delay",
+                       "multiplier": "multiplier", "maxDelay": "max_delay", "jitter": "jitter",
+                       "honourRetryAfter": "honour_retry_after",
+                       "maxRetryAfter": "max_retry_after", "retryCodes": "retry_codes",
+                       "retryStatuses": "retry_statuses"}
 
 
 async def sleep_unless_aborted(seconds: float, signal: Signal) -> bool:

@@ -1,4 +1,4 @@
-"""Durable sessions (specs/persistence.md, S1–S33): stores, crash repair, resume, fork, compaction.
+"""Durable sessions (specs/persistence.md, S1–S34): stores, crash repair, resume, fork, compaction.
 
 Three backends implement the `SessionStore` protocol and pass the same
 contract: `JsonlStore` (one checksummed JSON record per line, the embedded
@@ -35,12 +35,13 @@ from machine.store.errors import (
     StoreReadOnlyError,
     StoreTimeoutError,
     StoreWriteError,
+    UnreadableSessionError,
     UnsupportedFormatError,
 )
 from machine.store.jsonl import JsonlStore
 from machine.store.postgres import PostgresStore
 from machine.store.repair import closers, scan
-from machine.store.resume import StoreSink, resume_core, resume_from
+from machine.store.resume import StoreSink, check_readable, resume_core, resume_from
 from machine.store.sqlite import SqliteStore
 from machine.store.types import (
     Damage,
@@ -60,6 +61,7 @@ __all__ = [
     "SqliteStore", "StoreClosedError", "StoreConnectionError", "StoreError", "StoreFullError",
     "StoreReadError", "StoreReadOnlyError", "StoreSink", "StoreTimeoutError", "StoreWriteError",
     "SurfaceNode",
-    "UnsupportedFormatError", "checkpoint_message", "choose_compaction_range", "closers",
+    "UnreadableSessionError", "UnsupportedFormatError", "check_readable", "checkpoint_message",
+    "choose_compaction_range", "closers",
     "compact", "compaction_problem", "resume_core", "resume_from", "scan", "surface_nodes",
 ]

@@ -224,7 +224,8 @@ class BaseStore(ABC, Generic[H]):
         if event.seq != expected:
             raise InvariantError("L1", f"{event.type}: expected seq {expected}, got {event.seq}")
         surface_op, sources = _envelope(event)
-        live.log.check(event.type, event.data, surface_op=surface_op, source_event_seqs=sources)
+        live.log.check(event.type, event.data, surface_op=surface_op, source_event_seqs=sources,
+                       ignorable=event.ignorable)
         try:
             self._write(live.handle, (event,))
         except StoreWriteError as error:
@@ -232,7 +233,8 @@ class BaseStore(ABC, Generic[H]):
                 live.broken = str(error)
             raise
         live.clock[0] = event.time
-        live.log.commit(event.type, event.data, surface_op=surface_op, source_event_seqs=sources)
+        live.log.commit(event.type, event.data, surface_op=surface_op, source_event_seqs=sources,
+                        ignorable=event.ignorable)
 
     def flush(self, session_id: str) -> None:
         """S6: make everything appended to the session so far durable."""

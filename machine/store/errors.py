@@ -1,4 +1,4 @@
-"""Errors of the session stores (specs/persistence.md, rules S1–S33).
+"""Errors of the session stores (specs/persistence.md, rules S1–S34).
 
 Every store error is a coded `TurnstileError` (§0.9). `DamageError` is the
 strict-mode load failure of D8: it names the kind and position of the first
@@ -141,6 +141,20 @@ class UnsupportedFormatError(StoreError):
     """The stored session was written in a format version this code does not read (S9)."""
 
     code = "UNSUPPORTED_FORMAT"
+
+
+class UnreadableSessionError(StoreError):
+    """D16, S34: a session holds an event whose type this build does not read, and its writer
+    did not mark it ignorable; resuming it would go on from a history read in part.
+
+    ``seq`` and ``event_type`` name the first such event; the session was released again."""
+
+    code = "UNREADABLE_SESSION"
+
+    def __init__(self, message: str, *, seq: int, event_type: str) -> None:
+        super().__init__(message)
+        self.seq = seq
+        self.event_type = event_type
 
 
 class OpenTurnError(StoreError):

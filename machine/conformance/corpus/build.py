@@ -19,22 +19,28 @@ from importlib import resources
 from pathlib import Path
 
 from machine.conformance.corpus import scenarios
+from machine.conformance.ladder import ladder_tags
 from machine.conformance.vectors import dump_vector, parse_vector
 from machine.specfiles import spec_root
 
 __all__ = ["ORIGINAL_STEPS", "build", "main", "original_steps", "vectors_folder"]
 
 
-def original_steps() -> dict[str, int]:
+def original_steps() -> dict[str, tuple[int, str, str]]:
     """Where the original implementation departs, per vector tagged differs-from-original: the
-    step of its first divergence when the corpus was run against it (specs/differences.md,
-    "How this was established"). Informative; written into the vectors as "original"."""
+    step of its first divergence (when the corpus was run against it, specs/differences.md
+    "How this was established"; for vectors added since, read from its code), where in its
+    code, and what it does there. Informative; written into the vectors as "original"."""
     text = resources.files("machine.conformance.corpus").joinpath("original-steps.tsv").read_text("utf-8")
-    return {line.split("\t")[0]: int(line.split("\t")[1])
-            for line in text.splitlines() if line and not line.startswith("#")}
+    found: dict[str, tuple[int, str, str]] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            vector_id, step, where, does = line.split("\t")
+            found[vector_id] = (int(step), where, does)
+    return found
 
 
-ORIGINAL_STEPS: dict[str, int] = original_steps()
+ORIGINAL_STEPS: dict[str, tuple[int, str, str]] = original_steps()
 
 
 def vectors_folder() -> Path:
@@ -55,7 +61,11 @@ def build(prefixes: list[str] | None = None) -> tuple[dict[str, str], dict[str, 
         try:
             vector = item.build()
             if item.id in ORIGINAL_STEPS:
-                vector = dataclasses.replace(vector, original_step=ORIGINAL_STEPS[item.id])
+                step, where, does = ORIGINAL_STEPS[item.id]
+                vector = dataclasses.replace(vector, original_step=step, original_does=does,
+                                             original_where=where)
+            if ladder_tags(item.id):                  # the kit's first vectors, in order
+                vector = dataclasses.replace(vector, tags=(*vector.tags, *ladder_tags(item.id)))
             text = dump_vector(vector)
             parse_vector(text, f"{item.id}.json")  # what is written must load
             texts[item.id] = text

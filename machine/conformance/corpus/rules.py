@@ -20,7 +20,7 @@ from machine.conformance.authoring import (
 )
 from machine.conformance.corpus.common import FAILURE, live_of, started
 from machine.io import Effect, Live
-from machine.jsonvalue import thaw
+from machine.jsonvalue import JsonLike, thaw
 from machine.vocabulary import ErrorInfo
 
 PARALLEL: Any = "parallel"
@@ -142,6 +142,99 @@ def retry_chain() -> Session:
     s.followup("next")
     s.run()
     assert [len(thaw(e.payload)["priorFailures"]) for e in s.effects("request-error")] == [0, 1, 0]
+    return s
+
+
+@scenario("R-request-error-retry-policy",
+          "R9.6, R13.2: the request's preparation may name its retry policy beside the header "
+          "(any JSON value, never logged); recovery gets the policy of the request that failed, "
+          "and none after a request whose preparation named none",
+          ["R9.6", "R13.2", "R13.3", "P4"], ["rule"])
+def request_error_retry_policy() -> Session:
+    s = Session(model_failure("rate limited", "RATE_LIMIT", status=429),
+                model_failure("still limited", "RATE_LIMIT", status=429))
+    policy = {"mode": "normal", "maxRetries": 2, "retryableCodes": ["RATE_LIMIT"],
+              "initialDelayMs": 500, "maxDelayMs": 10000, "jitterRatio": 0.1}
+    prepared = {"n": 0}
+
+    def prepare(effect: Effect) -> tuple[str, JsonLike]:
+        prepared["n"] += 1
+        config = thaw(effect.payload)["config"] or {"provider": "p", "model": "m"}
+        return ("resolve", {"config": config, "retryPolicy": policy} if prepared["n"] == 1
+                else {"config": config})
+    s.handle("request", prepare)
+    s.handle("request-error", lambda e: ("resolve", {"kind": "retry"}), times=1)
+    s.followup("go")
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) SE(1.1) TE(1,error) TS(2,retry) "
+                 "SS(2.1) SE(2.1) TE(2,error)")
+    assert [thaw(e.payload).get("retryPolicy") for e in s.effects("request-error")] == [policy, None]
+    assert "retryPolicy" not in thaw(s.effects("request-error")[1].payload)
+    assert "retryPolicy" not in thaw(s.of("request/header")[0].data)["header"]
+    return s
+
+
+@scenario("R-interrupted-keeps-what-was-streamed",
+          "D15, R9.7: a cancel while the model streams keeps what the user watched stream: the "
+          "text and reasoning that are not blank, in stream order (a tool call and a blank text "
+          "left out), become the step's assistant message marked interrupted, with the usage "
+          "so far and every chunk as its sources, after the release and before step/end; the "
+          "next turn's request carries it",
+          ["D15", "R9.7", "R9.8", "R8.6", "R15.1", "L6", "L13", "P5"],
+          ["rule", "cancel", "differs-from-original", "D15"])
+def interrupted_keeps_what_was_streamed() -> Session:
+    s = started("ok", hold="model")
+    s.stream([{"type": "reasoning", "text": "the user wants "}, {"type": "reasoning", "text": "a poem"},
+              {"type": "text", "text": "Roses are "}, {"type": "text", "text": "red,"},
+              {"type": "tool-call", "id": "c1", "name": "rhyme", "arguments": "{}"},
+              {"type": "text", "text": " \n\t"}, {"type": "usage", "usage": {"outputTokens": 9}}],
+             end=False)
+    s.pump()
+    s.cancel()
+    s.run()
+    s.stream([{"type": "finish", "kind": "aborted"}])       # the adapter honours the abort
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH CH CH CH CH CH CH "
+                 "AM(1.1;reasoning+'Roses are red,';interrupted) SE(1.1) TE(1,aborted)")
+    (kept,) = s.data("assistant/message")
+    assert kept["interrupted"] is True and kept["usage"] == {"outputTokens": 9}
+    assert kept["message"]["content"] == [{"type": "reasoning", "text": "the user wants a poem"},
+                                          {"type": "text", "text": "Roses are red,"}]
+    (event,) = s.of("assistant/message")
+    assert event.source_event_seqs == tuple(e.seq for e in s.of("assistant/chunk"))
+    s.followup("go on")
+    s.run()
+    request = s.effects("model")[-1]
+    assert [m.role for m in request.history or ()] == ["user", "assistant", "user"]
+    return s
+
+
+@scenario("R-interrupted-nothing-to-keep",
+          "R9.7, R13.1 (D15 keeps nothing here): a cancel that stops a stream which delivered "
+          "only a tool call and blank text appends no assistant message; a provider failure "
+          "reported after a cancel is a request failure and keeps nothing of its stream",
+          ["R9.7", "R13.1", "R13.2", "R15.1", "P5"], ["rule", "cancel"])
+def interrupted_nothing_to_keep() -> Session:
+    s = started("ok", hold="model")
+    s.stream([{"type": "tool-call", "id": "c1", "name": "t", "arguments": "{}"},
+              {"type": "text", "text": "\u3000 "}], end=False)
+    s.pump()
+    s.cancel()
+    s.run()
+    s.fail_model(error("the signal was aborted", "AbortError"))
+    s.run()
+    s.hold("model")
+    s.followup("again")
+    s.run()
+    s.stream([{"type": "text", "text": "half a"}], end=False)
+    s.pump()
+    s.cancel()
+    s.run()
+    s.fail_model(model_failure("connection reset", "NETWORK_ERROR"))
+    s.run()
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH CH SE(1.1) TE(1,aborted) "
+                 "TS(2,msg:user) UM('again') SS(2.1) CH SE(2.1) TE(2,aborted)")
+    assert not s.effects("request-error")
     return s
 
 

@@ -213,9 +213,11 @@ def e10b() -> Session:
 
 @scenario("E11-cancel-while-streaming-drops-tail",
           "E11. A cancel while the model streams discards the queued tail, aborts the turn "
-          "signal; the model honours it, the open step is closed and the turn ends aborted with "
-          "no assistant message and no agent/error",
-          ["R16.2", "R9.7", "R8.6", "R15.1", "R0.7"], ["scenario", "scenario:E11", "cancel"])
+          "signal; the model honours it, what it streamed before is kept as the step's "
+          "interrupted assistant message (D15), the open step is closed and the turn ends "
+          "aborted with no agent/error",
+          ["R16.2", "R9.7", "R8.6", "R15.1", "R0.7", "D15"],
+          ["scenario", "scenario:E11", "cancel", "differs-from-original", "D15"])
 def e11() -> Session:
     s = streaming()
     mark = len(s.outputs)
@@ -224,7 +226,8 @@ def e11() -> Session:
     s.run()
     s.fail_model(ABORT)
     s.run()
-    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH CH SE(1.1) TE(1,aborted)")
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH CH "
+                 "AM(1.1;'partial answer';interrupted) SE(1.1) TE(1,aborted)")
     s.expect_live("enq(go,q) running deq(go,q) enq(queued tail,q) cancel-req(user) "
                   "disc[queued tail] settled(1,aborted) idle")
     assert s.trace(durable=("SE", "TE"), effects=("flush",), since=mark) == notation(
@@ -236,8 +239,10 @@ def e11() -> Session:
 
 @scenario("E12-cancel-discards-running-steering",
           "E12. A cancel discards steering staged during the running turn: reported in the inbox "
-          "discard, never appended; no second step or turn",
-          ["R16.2", "R5.3", "R15.1"], ["scenario", "scenario:E12", "cancel"])
+          "discard, never appended; no second step or turn; what the model streamed stays as the "
+          "step's interrupted message (D15)",
+          ["R16.2", "R5.3", "R15.1", "D15"],
+          ["scenario", "scenario:E12", "cancel", "differs-from-original", "D15"])
 def e12() -> Session:
     s = streaming()
     s.steer("steer text")
@@ -245,7 +250,8 @@ def e12() -> Session:
     s.run()
     s.fail_model(ABORT)
     s.run()
-    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH CH SE(1.1) TE(1,aborted)")
+    s.expect_log("TS(1,msg:user) UM('go') SS(1.1) RH(initial) CH CH "
+                 "AM(1.1;'partial answer';interrupted) SE(1.1) TE(1,aborted)")
     s.expect_live("enq(go,q) running deq(go,q) enq(steer text,s) cancel-req(user) "
                   "disc[steer text] settled(1,aborted) idle")
     return s
@@ -316,8 +322,10 @@ variants(*(Variant(name, title, [rule, "R17.1" if dispose else "R8.6", "R15.1"],
 
 @scenario("E18a-first-cause-wins",
           "E18a. The first cause wins: cancel(parent) then cancel(user) while the model hangs; "
-          "both emit cancel-requested, the abort reason is parent, the turn ends aborted",
-          ["R16.3", "R15.1", "P5"], ["scenario", "scenario:E18", "cancel"])
+          "both emit cancel-requested, the abort reason is parent, the turn ends aborted (what "
+          "the model streamed stays as the step's interrupted message, D15)",
+          ["R16.3", "R15.1", "P5", "D15"],
+          ["scenario", "scenario:E18", "cancel", "differs-from-original", "D15"])
 def e18a() -> Session:
     s = streaming()
     s.cancel("parent")
@@ -337,8 +345,10 @@ def e18a() -> Session:
 
 @scenario("E18b-user-cancel-beats-later-disposal",
           "E18b. A user cancel beats a later disposal: the turn ends aborted (not disposed), "
-          "settles aborted, then idle and teardown",
-          ["R16.3", "R17.1", "R15.1"], ["scenario", "scenario:E18", "cancel", "dispose"])
+          "settles aborted, then idle and teardown (what the model streamed stays as the "
+          "step's interrupted message, D15)",
+          ["R16.3", "R17.1", "R15.1", "D15"],
+          ["scenario", "scenario:E18", "cancel", "dispose", "differs-from-original", "D15"])
 def e18b() -> Session:
     s = streaming()
     mark = len(s.outputs)
