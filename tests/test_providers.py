@@ -765,3 +765,24 @@ def test_W10_the_direct_body_is_what_the_sdk_would_have_sent(dialect: str) -> No
                     [{k: v for k, v in r.headers.items() if k in keep} for r in server.requests],
                     [r.path for r in server.requests])
     assert asyncio.run(run(True)) == asyncio.run(run(False))
+
+
+def test_W2_2_a_call_whose_outcome_is_unknown_after_a_crash_is_answered_by_the_repair() -> None:
+    """W2.2, S12: the interrupted calls of a crashed session get the repair's results, sent
+    as those calls' results (an error the model reads), first in the next user message."""
+    from machine.store.repair import NOT_STARTED_TEXT, OUTCOME_UNKNOWN_TEXT, closers
+    from machine.store.testing import sample_session
+    events = sample_session()                     # turn 3 open: c2 started, c3 not
+    log = SessionLog([*events, *closers(events)])
+    history = [*log.history(len(log)), user_message("next", "go on")]
+    chat = to_openai_messages(history)
+    assert chat[-3:] == [{"role": "tool", "tool_call_id": "c2", "content": OUTCOME_UNKNOWN_TEXT},
+                         {"role": "tool", "tool_call_id": "c3", "content": NOT_STARTED_TEXT},
+                         {"role": "user", "content": "go on"}]
+    assert to_anthropic_messages(history)[-1]["content"] == [
+        {"type": "tool_result", "tool_use_id": "c2", "content": OUTCOME_UNKNOWN_TEXT,
+         "is_error": True},
+        {"type": "tool_result", "tool_use_id": "c3", "content": NOT_STARTED_TEXT,
+         "is_error": True},
+        text("go on")]
+    accepted(HEADER, history)
