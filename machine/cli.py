@@ -56,6 +56,7 @@ from machine.conformance import cli as conformance_cli
 from machine.junit import write_junit
 from machine.logfiles import EXIT_INVALID, EXIT_OK, EXIT_USAGE, junit_case, validate_file
 from machine.store import cli as store_cli
+from machine.terminal import check_stdin_once, progress_bar, quiet_broken_pipe, shown
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
 
@@ -77,8 +78,13 @@ class Command:
 def _log_validate(args: argparse.Namespace, out: TextIO) -> int:
     """Verdict lines on *out*, unreadable files on standard error (`machine.logfiles`)."""
     verdicts = []
+    twice = check_stdin_once(args.files)
+    if twice is not None:
+        print(f"turnstile log validate: {twice}", file=sys.stderr)
+        return EXIT_USAGE
     for path in args.files:
-        verdict = validate_file(path)
+        with progress_bar(f"{shown(path)}:") as bar:    # only on a terminal (RT21)
+            verdict = validate_file(path, bar)
         verdicts.append(verdict)
         if args.json:
             out.write(json.dumps(verdict.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n")
@@ -115,7 +121,8 @@ def _configure_log(parser: argparse.ArgumentParser) -> None:
                     "reported on standard error. Exit status: 0 all valid, 1 some invalid, "
                     "2 usage or unreadable.")
     validate.add_argument("files", nargs="+", metavar="FILE",
-                          help="a JSONL session log or a JSONL store session file")
+                          help="a JSONL session log or a JSONL store session file ('-': standard "
+                               "input)")
     validate.add_argument("--json", action="store_true",
                           help="print one JSON object per file instead of the verdict lines")
     validate.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE")
@@ -178,7 +185,8 @@ def _configure_run(parser: argparse.ArgumentParser) -> None:
                           "every output as one JSON line. Exit status 2 when the script is "
                           "malformed, a 'when' pattern is never matched, an effect selector "
                           "matches nothing, or the core refuses an input.")
-    parser.add_argument("script", metavar="SCRIPT.json", help="the script to run")
+    parser.add_argument("script", metavar="SCRIPT.json",
+                        help="the script to run ('-': standard input)")
     parser.add_argument("--echo-inputs", action="store_true",
                         help="also print each input as it is applied, as {\"in\": ...}")
 
@@ -191,11 +199,13 @@ def _run_run(args: argparse.Namespace) -> int:
             out.write(json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n")
     except runner.ScriptError as error:
         out.flush()
-        print(f"turnstile run: {args.script}: {error}", file=sys.stderr)
+        print(f"turnstile run: {shown(args.script)}: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        raise                   # the reader went away: `main` ends quietly
     except Exception as error:  # a bug in turnstile: still a message, not a traceback
         out.flush()
-        print(f"turnstile run: {args.script}: internal error (please report): "
+        print(f"turnstile run: {shown(args.script)}: internal error (please report): "
               f"{type(error).__name__}: {error}", file=sys.stderr)
         return EXIT_USAGE
     return EXIT_OK
@@ -317,7 +327,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # argparse exits on usage errors and --help
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
-    return COMMANDS[args.command].run(args)
+    try:
+        status = COMMANDS[args.command].run(args)
+        sys.stdout.flush()      # a reader gone before the last write is seen here, not at exit
+    except BrokenPipeError:     # e.g. `turnstile check --json | head`: end quietly (RT21)
+        return quiet_broken_pipe()
+    return status
 
 
 if __name__ == "__main__":

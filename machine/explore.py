@@ -64,7 +64,6 @@ import json
 import logging
 import operator
 import re
-import sys
 import time
 import types
 from array import array
@@ -95,6 +94,7 @@ from machine.io import (
 from machine.jsonvalue import FrozenDict, FrozenList, JsonLike, compact_json
 from machine.log import SessionLog
 from machine.reach import FamilyTracker, PositionTracker, command_kind
+from machine.terminal import ProgressBar, progress_bar
 from machine.vocabulary import FOLLOWUP, INJECT, STEER, ErrorInfo, LlmFailure
 
 #: ("pull",) | ("drain",) | ("cmd", name) | ("ans", kind, variant) | ("macro", name)
@@ -1542,21 +1542,23 @@ def main_explore(depth: int | None = None, *, configuration: str = "idle",
         options: dict[str, Any] = {} if commands is None else {"commands": tuple(commands)}
         explorer = chosen.explorer(with_model=with_model, **options)
 
-        def progress(states: int, frontier: int, seconds: float, run_depth: int = run_depth,
-                     name: str = name) -> None:
-            if not quiet:
-                print(f"\r{name} depth {run_depth}: {states} states, frontier {frontier}, "
-                      f"{states / seconds:,.0f} states/s", end="", file=sys.stderr, flush=True)
+        # A bar on standard error when it is a terminal, nothing when it is not (RT21).
+        bar = progress_bar(f"{name} depth {run_depth}", enabled=False if quiet else None)
+
+        def progress(states: int, frontier: int, seconds: float,
+                     bar: ProgressBar = bar) -> None:
+            bar.update(states, text=f"{states:,} states, frontier {frontier:,}, "
+                                    f"{states / seconds:,.0f} states/s")
 
         logger = logging.getLogger("turnstile")
         level = logger.level
         logger.setLevel(logging.ERROR)  # the explored failures' own warnings are expected
         try:
-            result = explorer.run(run_depth, progress=progress, budget_seconds=budget_seconds)
+            with bar:
+                result = explorer.run(run_depth, progress=progress,
+                                      budget_seconds=budget_seconds)
         finally:
             logger.setLevel(level)
-        if not quiet:
-            print("\r" + " " * 78 + "\r", end="", file=sys.stderr)
         budget_reached = not result.exhausted
         if as_json:
             print(json.dumps(result_json(result, commands=list(explorer.commands),

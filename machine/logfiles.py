@@ -23,7 +23,6 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final, Literal
 
 from machine.errors import ValidationError
@@ -33,6 +32,7 @@ from machine.log import validate_events
 from machine.store.errors import UnsupportedFormatError
 from machine.store.jsonl import parse_jsonl
 from machine.store.repair import analyse
+from machine.terminal import ProgressBar, read_bytes, shown
 
 __all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_USAGE", "LogVerdict", "junit_case", "validate_file"]
 
@@ -87,18 +87,22 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-def validate_file(path: str) -> LogVerdict:
-    """Validate one file (either layout), stopping at its first problem."""
+def validate_file(path: str, progress: ProgressBar | None = None) -> LogVerdict:
+    """Validate one file (either layout), stopping at its first problem; ``-`` validates
+    standard input (named ``<stdin>`` in the verdict). *progress* is told the lines of a
+    session log checked so far (`machine.terminal.progress_bar`)."""
     started = time.perf_counter()
+    name = shown(path)
     try:
-        data = Path(path).read_bytes()
+        data = read_bytes(path)
     except FileNotFoundError:
-        return LogVerdict(path, "unreadable", f"{path}: no such file")
+        return LogVerdict(name, "unreadable", f"{name}: no such file")
     except IsADirectoryError:
-        return LogVerdict(path, "unreadable", f"{path}: is a directory, not a JSONL log")
+        return LogVerdict(name, "unreadable", f"{name}: is a directory, not a JSONL log")
     except OSError as error:
-        return LogVerdict(path, "unreadable", f"{path}: cannot read: {error.strerror or error}")
-    verdict = _store_file(path, data) if data.startswith(_STORE_HEADER) else _log_file(path, data)
+        return LogVerdict(name, "unreadable", f"{name}: cannot read: {error.strerror or error}")
+    verdict = _store_file(name, data) if data.startswith(_STORE_HEADER) \
+        else _log_file(name, data, progress)
     return _timed(verdict, time.perf_counter() - started)
 
 
@@ -120,7 +124,7 @@ def _open_turn(events: list[Event]) -> tuple[int, int | None]:
 # --------------------------------------------------------------------------
 
 
-def _log_file(path: str, data: bytes) -> LogVerdict:
+def _log_file(path: str, data: bytes, progress: ProgressBar | None = None) -> LogVerdict:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -136,6 +140,8 @@ def _log_file(path: str, data: bytes) -> LogVerdict:
 
     def decoded() -> Iterator[Event]:
         for number, line in enumerate(lines, start=1):
+            if progress is not None and not number & 0xFFF:
+                progress.update(number, total=len(lines))
             event_or_problem = _decode_line(line)
             if isinstance(event_or_problem, str):
                 torn = " (the final line has no newline: a torn write?)" \

@@ -303,8 +303,10 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
 
 
 def run_all(vectors: Iterable[Vector], subject_factory: Callable[[], Subject],
-            skip: Callable[[Vector], str | None] | None = None) -> list[Outcome]:
-    """Run *vectors* in order on one subject, restarting it after a port failure."""
+            skip: Callable[[Vector], str | None] | None = None,
+            done: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+    """Run *vectors* in order on one subject, restarting it after a port failure; *done*
+    is called with each outcome as it is known (a progress display)."""
     outcomes: list[Outcome] = []
     subject: Subject | None = None
     try:
@@ -312,6 +314,8 @@ def run_all(vectors: Iterable[Vector], subject_factory: Callable[[], Subject],
             reason = skip(vector) if skip is not None else None
             if reason is not None:
                 outcomes.append(Outcome(vector, "skipped", reason=reason))
+                if done is not None:
+                    done(outcomes[-1])
                 continue
             if subject is None:
                 subject = subject_factory()
@@ -319,6 +323,8 @@ def run_all(vectors: Iterable[Vector], subject_factory: Callable[[], Subject],
             outcome = run_vector(vector, subject)
             outcome.seconds = time.perf_counter() - started
             outcomes.append(outcome)
+            if done is not None:
+                done(outcome)
             if outcome.status == "error" or outcome.restart:
                 subject.close()
                 subject = None

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TextIO
@@ -61,6 +61,7 @@ from machine.specfiles import (
     corpus_info,
     vectors_dir,
 )
+from machine.terminal import STDIN, check_stdin_once, progress_bar
 
 __all__ = ["CheckOptions", "configure_adapter", "configure_check", "configure_record",
            "configure_verify_trace", "run_adapter", "run_check", "run_record", "run_verify_trace"]
@@ -106,7 +107,8 @@ def configure_check(parser: argparse.ArgumentParser) -> None:
         "allowed), 1 some failed or a known failure now passes, 2 usage, 3 malformed vector, "
         "4 port protocol failure.")
     parser.add_argument("paths", nargs="*", metavar="PATH",
-                        help="vector files or directories (default: the shipped corpus)")
+                        help="vector files or directories ('-': one vector on standard input; "
+                             "default: the shipped corpus)")
     parser.add_argument("--port", metavar="COMMAND",
                         help="run the vectors against the adapter started by COMMAND")
     parser.add_argument("--timeout", type=argtypes.seconds, default=10.0, metavar="SECONDS",
@@ -129,7 +131,7 @@ def configure_check(parser: argparse.ArgumentParser) -> None:
     known = parser.add_argument_group("known failures")
     known.add_argument("--known-failures", metavar="FILE",
                        help="vectors expected to fail, one id per line with '# why' (they do "
-                            "not fail the run; one that passes does)")
+                            "not fail the run; one that passes does; '-': standard input)")
     known.add_argument("--write-known-failures", metavar="FILE",
                        help="write the ids of the vectors that did not pass to FILE, keeping "
                             "the reasons already in --known-failures")
@@ -192,7 +194,7 @@ def _load(paths: Sequence[str], err: TextIO) -> tuple[list[Vector], list[_Malfor
         paths = [str(corpus)]
     existing: list[str] = []
     for path in paths:
-        if not Path(path).exists():
+        if path != STDIN and not Path(path).exists():
             print(f"turnstile check: {path}: no such file or directory", file=err)
             status = EXIT_USAGE
         else:
@@ -249,6 +251,10 @@ def check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     options = CheckOptions.from_args(args)
     if options.version:
         return _version(options, out, err)
+    twice = check_stdin_once([*options.paths, *filter(None, [options.known_failures])])
+    if twice is not None:
+        print(f"turnstile check: {twice}", file=err)
+        return EXIT_USAGE
     known: KnownFailures | None = None
     if options.known_failures is not None:
         try:
@@ -265,14 +271,19 @@ def check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
               file=err)
         return max(status, EXIT_USAGE)
     implementation = f"turnstile {__version__}"
-    if options.port:
-        try:
-            outcomes, implementation = _run_port(options, selected)
-        except PortFailure as failure:   # the first handshake, or a restart, failed
-            print(f"turnstile check: port {options.port!r}: {failure}", file=err)
-            return max(status, EXIT_PORT)
-    else:
-        outcomes = run_all(selected, LocalSubject)
+    # A bar on standard error when it is a terminal, nothing otherwise (RT21).
+    with progress_bar("turnstile check", len(selected), stream=err) as bar:
+        def done(outcome: Outcome) -> None:
+            bar.advance(text=outcome.vector.id)
+        if options.port:
+            try:
+                outcomes, implementation = _run_port(options, selected, done)
+            except PortFailure as failure:   # the first handshake, or a restart, failed
+                bar.close()
+                print(f"turnstile check: port {options.port!r}: {failure}", file=err)
+                return max(status, EXIT_PORT)
+        else:
+            outcomes = run_all(selected, LocalSubject, done=done)
     if known is not None:
         apply_known(outcomes, known)
         loaded = {vector.id for vector in vectors}
@@ -300,7 +311,8 @@ def check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return status
 
 
-def _run_port(options: CheckOptions, vectors: list[Vector]) -> tuple[list[Outcome], str]:
+def _run_port(options: CheckOptions, vectors: list[Vector],
+              done: Callable[[Outcome], None]) -> tuple[list[Outcome], str]:
     """Run *vectors* through the port's adapter (restarted after each port failure)."""
     assert options.port is not None
     port = options.port
@@ -322,7 +334,7 @@ def _run_port(options: CheckOptions, vectors: list[Vector]) -> tuple[list[Outcom
             return f"the port lacks the capability {', '.join(missing)}"
         return None
     try:
-        return run_all(vectors, factory, skip), info.implementation
+        return run_all(vectors, factory, skip, done), info.implementation
     finally:
         for subject in pending:
             subject.close()
@@ -430,6 +442,8 @@ def _write_known(path: str, outcomes: list[Outcome], known: KnownFailures | None
 def run_check(args: argparse.Namespace) -> int:
     try:
         return check(args, sys.stdout, sys.stderr)
+    except BrokenPipeError:
+        raise                       # the reader went away: `turnstile` ends quietly (RT21)
     except Exception as error:  # a bug in turnstile: a message, never a traceback
         return _internal("check", error)
 
@@ -468,7 +482,8 @@ def configure_verify_trace(parser: argparse.ArgumentParser) -> None:
         f"outputs, JSON lines; {_kit_help()}) against this implementation step by "
         "step and report the first divergence with context. Exit status: 0 every trace agrees, "
         "1 a trace diverges, 2 usage, 3 malformed trace.")
-    parser.add_argument("traces", nargs="+", metavar="TRACE.jsonl", help="a recorded trace")
+    parser.add_argument("traces", nargs="+", metavar="TRACE.jsonl",
+                        help="a recorded trace ('-': standard input)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--progress", dest="progress", action="store_true", default=None,
                       help="show progress on standard error (default: when it is a terminal)")
@@ -484,8 +499,12 @@ def verify(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     junit: str | None = getattr(args, "junit", None)
     progress = default_progress() if args.progress is None else (err if args.progress else None)
     cases: list[JunitCase] = []
+    twice = check_stdin_once(args.traces)
+    if twice is not None:
+        print(f"turnstile verify-trace: {twice}", file=err)
+        return EXIT_USAGE
     for path in args.traces:
-        if not Path(path).exists():
+        if path != STDIN and not Path(path).exists():
             message = f"{path}: no such file"
             print(f"turnstile verify-trace: {message}", file=err)
             if as_json:
@@ -526,6 +545,8 @@ def verify(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def run_verify_trace(args: argparse.Namespace) -> int:
     try:
         return verify(args, sys.stdout, sys.stderr)
+    except BrokenPipeError:
+        raise                       # the reader went away: `turnstile` ends quietly (RT21)
     except Exception as error:
         return _internal("verify-trace", error)
 
@@ -541,13 +562,14 @@ def configure_record(parser: argparse.ArgumentParser) -> None:
         f"are to be recorded; see {_kit_help('README.md')}) through this implementation and "
         "write the complete vector, or with --trace the same run as a trace. Review every "
         "recorded output against the spec before adding a vector to a corpus.")
-    parser.add_argument("draft", metavar="DRAFT.json", help="a draft (or an existing vector)")
+    parser.add_argument("draft", metavar="DRAFT.json",
+                        help="a draft (or an existing vector; '-': standard input)")
     parser.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     parser.add_argument("--trace", action="store_true", help="write a trace (JSON lines)")
 
 
 def record(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    if not Path(args.draft).exists():
+    if args.draft != STDIN and not Path(args.draft).exists():
         print(f"turnstile record: {args.draft}: no such file", file=err)
         return EXIT_USAGE
     try:
@@ -575,5 +597,7 @@ def record(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def run_record(args: argparse.Namespace) -> int:
     try:
         return record(args, sys.stdout, sys.stderr)
+    except BrokenPipeError:
+        raise                       # the reader went away: `turnstile` ends quietly (RT21)
     except Exception as error:
         return _internal("record", error)

@@ -48,6 +48,7 @@ from machine.events import Event
 from machine.io import Durable, Input, Output, input_from_json
 from machine.jsonvalue import FrozenDict, FrozenList, JsonLike, thaw
 from machine.log import SessionLog
+from machine.terminal import read_text, shown
 
 __all__ = ["RecordingCore", "RecordingError", "config_to_json", "plain", "record_draft"]
 
@@ -229,10 +230,11 @@ def _pull_count(value: Any, path: jsoncmp.Path) -> int | None:
 
 
 def record_draft(path: str | Path) -> Vector:
-    """Run a draft here and return the recorded vector (MalformedError for a bad draft)."""
-    name = str(path)
+    """Run a draft here (``-``: read from standard input) and return the recorded vector
+    (MalformedError for a bad draft)."""
+    name = shown(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_text(path)
     except OSError as error:
         raise MalformedError(name, None, "", f"cannot read: {error.strerror or error}") from None
     except UnicodeDecodeError as error:

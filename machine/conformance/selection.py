@@ -34,6 +34,7 @@ from pathlib import Path
 from machine.conformance.checker import Outcome
 from machine.conformance.vectors import ID_PATTERN, Vector
 from machine.errors import TurnstileError
+from machine.terminal import read_text, shown
 
 __all__ = ["KnownFailure", "KnownFailures", "KnownFailuresError", "Selection", "apply_known",
            "known_failures_text", "load_known_failures", "patterns"]
@@ -96,10 +97,11 @@ class KnownFailures:
 
 
 def load_known_failures(path: str | Path) -> KnownFailures:
-    """Read a known-failures file; raises KnownFailuresError (file:line: problem)."""
-    name = str(path)
+    """Read a known-failures file (``-``: standard input); raises KnownFailuresError
+    (file:line: problem)."""
+    name = shown(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_text(path)
     except FileNotFoundError:
         raise KnownFailuresError(f"{name}: no such file") from None
     except IsADirectoryError:

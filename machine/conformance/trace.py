@@ -21,6 +21,7 @@ comparison fails.
 from __future__ import annotations
 
 import gc
+import io
 import json
 import json.scanner
 import os
@@ -31,7 +32,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, TextIO
+from typing import Any, Final, TextIO, cast
 
 from machine.conformance import jsoncmp
 from machine.conformance.jsoncmp import same_frozen
@@ -52,13 +53,12 @@ from machine.errors import TurnstileError, ValidationError
 from machine.io import Durable, Effect, Live, input_from_json
 from machine.jsonvalue import Frozen, FrozenDict, compact_json
 from machine.log import SessionLog
+from machine.terminal import STDIN, progress_bar, read_text, shown
 
 __all__ = ["TRACE_VERSION", "TraceDivergence", "TraceReport", "trace_lines", "verify_trace"]
 
 TRACE_VERSION: Final = 1
 CONTEXT_LINES: Final = 6
-#: The progress display is refreshed at most this often (seconds), checked every 4096 lines.
-PROGRESS_INTERVAL = 0.2
 _ALLOWED_INPUT_KEYS: Final = {kind: required | optional | {"in", "raises", "note"}
                               for kind, (required, optional) in INPUT_FIELDS.items()}
 _REQUIRED_INPUT_KEYS: Final = {kind: required for kind, (required, _) in INPUT_FIELDS.items()}
@@ -122,31 +122,19 @@ class TraceReport:
 
 
 class _Progress:
-    """A one-line progress display on a terminal (bytes read of the file size)."""
+    """The progress display of one trace (characters read of the file's size), on *stream*
+    (`machine.terminal.progress_bar`: a bar on a terminal)."""
 
     def __init__(self, stream: TextIO, path: str, size: int) -> None:
-        self.stream = stream
-        self.path = path
-        self.size = max(size, 1)
+        self.bar = progress_bar(f"{path}:", max(size, 1), stream=stream, enabled=True)
         self.start = time.perf_counter()
-        self.last = self.start
-        self.shown = False
 
     def update(self, lines: int, done_bytes: int) -> None:
-        now = time.perf_counter()
-        if now - self.last < PROGRESS_INTERVAL:
-            return
-        self.last = now
-        rate = lines / max(now - self.start, 1e-9)
-        self.stream.write(f"\r{self.path}: {lines:,} lines ({100 * done_bytes / self.size:3.0f}%),"
-                          f" {rate:,.0f} lines/s ")
-        self.stream.flush()
-        self.shown = True
+        rate = lines / max(time.perf_counter() - self.start, 1e-9)
+        self.bar.update(done_bytes, text=f"{lines:,} lines, {rate:,.0f} lines/s")
 
     def finish(self) -> None:
-        if self.shown:
-            self.stream.write("\r" + " " * 78 + "\r")
-            self.stream.flush()
+        self.bar.close()
 
 
 def _session_core(header: dict[str, Any], path: str, lineno: int) -> AgentCore:
@@ -183,17 +171,24 @@ def _malformed_step(path: str, lineno: int, value: Any) -> MalformedError:
 
 
 def verify_trace(path: str | Path, *, progress: TextIO | None = None) -> TraceReport:
-    """Check a trace file; raises MalformedError (file, line, field) for a malformed one."""
-    name = str(path)
+    """Check a trace file (``-``: standard input); raises MalformedError (file, line, field)
+    for a malformed one."""
+    name = shown(path)
     try:
-        size = os.path.getsize(path)
-        handle = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+        if str(path) == STDIN:
+            text = read_text(path)
+            size, handle = len(text), cast(TextIO, io.StringIO(text))
+        else:
+            size = os.path.getsize(path)
+            handle = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
     except FileNotFoundError:
         raise MalformedError(name, None, "", "no such file") from None
     except IsADirectoryError:
         raise MalformedError(name, None, "", "is a directory, not a trace") from None
     except OSError as error:
         raise MalformedError(name, None, "", f"cannot read: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise MalformedError(name, None, "", f"not UTF-8 text ({error.reason})") from None
     meter = _Progress(progress, name, size) if progress is not None else None
     try:
         with handle, _survivors_frozen():

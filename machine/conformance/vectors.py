@@ -31,6 +31,7 @@ from machine.errors import InvariantError, ValidationError
 from machine.events import Event
 from machine.io import EFFECT_KINDS
 from machine.log import SessionLog
+from machine.terminal import STDIN, read_text, shown
 
 __all__ = [
     "CONFIG_FIELDS", "INPUT_FIELDS", "OUTPUT_KINDS", "RAISE_KINDS", "VERSION", "MalformedError",
@@ -210,10 +211,11 @@ def decode_json(text: str) -> Any:
 
 
 def load_vector(path: str | Path) -> Vector:
-    """Read and check one vector file; raises MalformedError (never anything else for bad data)."""
-    name = str(path)
+    """Read and check one vector file (``-``: standard input, whose vector may have any id);
+    raises MalformedError (never anything else for bad data)."""
+    name = shown(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_text(path)
     except FileNotFoundError:
         raise MalformedError(name, None, "", "no such file") from None
     except IsADirectoryError:
@@ -225,7 +227,7 @@ def load_vector(path: str | Path) -> Vector:
         raise MalformedError(name, None, "", f"cannot read: {error.strerror or error}") from None
     vector = parse_vector(text, name)
     stem = Path(path).stem
-    if vector.id != stem:
+    if str(path) != STDIN and vector.id != stem:
         raise MalformedError(name, line_of(text, ("id",)), "/id",
                              f"the id {vector.id!r} does not match the file name {stem!r}.json")
     return vector
@@ -466,6 +468,9 @@ def find_vectors(paths: Sequence[str | Path]) -> Iterator[Path]:
     seen: set[Path] = set()
     for path in paths:
         p = Path(path)
+        if str(path) == STDIN:
+            yield p
+            continue
         found = sorted(f for f in p.rglob("*.json") if not f.name.endswith(".schema.json")
                        and f.name not in NOT_VECTORS) if p.is_dir() else [p]
         for file in found:

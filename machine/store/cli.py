@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import tempfile
 import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,6 +33,7 @@ from machine.store.jsonl import SUFFIX, JsonlStore
 from machine.store.postgres import DEFAULT_SCHEMA, PostgresStore
 from machine.store.sqlite import SqliteStore
 from machine.store.types import Damage, Inspection, SessionInfo
+from machine.terminal import STDIN, read_bytes, shown
 
 __all__ = ["LOG_SUBCOMMANDS", "configure", "describe"]
 
@@ -80,7 +82,8 @@ def configure(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def _target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar="TARGET",
                         help="DIR/ID.jsonl, or a store directory, SQLite file or postgresql:// "
-                             "URL with --session")
+                             "URL with --session ('-': a JSONL session file on standard "
+                             "input, for show)")
     parser.add_argument("--session", metavar="ID", help="the session id inside TARGET")
     parser.add_argument("--schema", metavar="NAME",
                         help=f"the schema of a PostgreSQL store (default {DEFAULT_SCHEMA})")
@@ -96,6 +99,33 @@ def _shown(target: str) -> str:
     netloc = parts.netloc.rsplit("@", 1)[-1]
     user = parts.username or ""
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def _from_stdin(args: argparse.Namespace, scratch: Path) -> tuple[BaseStore[Any], str, str]:
+    """``log show -``: the JSONL store session file on standard input, copied into the
+    store directory *scratch* under the id its header names."""
+    if args.log_command != "show":
+        raise _UsageError(f"{shown(STDIN)}: `log {args.log_command}` writes the session back "
+                          "into its store: name the file")
+    data = read_bytes(STDIN)
+    first = data.split(b"\n", 1)[0]
+    try:
+        header = json.loads(first) if first.startswith(b'{"crc":') else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or header.get("kind") != "header" \
+            or not isinstance(header.get("session"), str):
+        raise _UsageError(f"{shown(STDIN)}: not a JSONL store session file (a session log, one "
+                          "event per line, is read by `turnstile log validate -`)")
+    session: str = header["session"]
+    if args.session is not None and args.session != session:
+        raise _UsageError(f"{shown(STDIN)}: --session {args.session} does not match the "
+                          f"session {session!r} of its header")
+    try:
+        (scratch / f"{session}{SUFFIX}").write_bytes(data)
+    except (OSError, ValueError) as error:      # an id no file can be named after
+        raise _UsageError(f"{shown(STDIN)}: session id {session!r}: {error}") from None
+    return JsonlStore(scratch), session, shown(STDIN)
 
 
 def _open(args: argparse.Namespace) -> tuple[BaseStore[Any], str, str]:
@@ -134,8 +164,16 @@ _Body = Callable[[argparse.Namespace, "BaseStore[Any]", str, str, TextIO], int]
 
 def _with_store(args: argparse.Namespace, out: TextIO, body: _Body) -> int:
     """Resolve TARGET, run *body*, map errors to verdict lines and exit statuses."""
+    if args.target != STDIN:
+        return _with_target(args, out, body, None)
+    with tempfile.TemporaryDirectory(prefix="turnstile-stdin-") as scratch:
+        return _with_target(args, out, body, Path(scratch))
+
+
+def _with_target(args: argparse.Namespace, out: TextIO, body: _Body,
+                 scratch: Path | None) -> int:
     try:
-        store, session, name = _open(args)
+        store, session, name = _open(args) if scratch is None else _from_stdin(args, scratch)
     except _UsageError as error:
         print(error, file=out)
         return EXIT_USAGE
@@ -153,6 +191,8 @@ def _with_store(args: argparse.Namespace, out: TextIO, body: _Body) -> int:
     except TurnstileError as error:
         print(f"{name}: {error} [{error.code}]", file=out)
         status = EXIT_INVALID
+    except BrokenPipeError:
+        raise                       # the reader went away: `turnstile` ends quietly (RT21)
     except OSError as error:
         print(f"{name}: {error}", file=out)
         status = EXIT_USAGE
