@@ -186,6 +186,7 @@ class Agent:
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._dispose_waiters: list[asyncio.Future[None]] = []
         self._sink_closed = False
+        self._closers: list[Callable[[], Awaitable[object]]] = []
         self._append = self._env.sink.append      # the sink is fixed for the agent's life
         self._minted = 0
         #: What `resume` found when it loaded the session (None: not resumed from a store).
@@ -396,6 +397,14 @@ class Agent:
         self._commanded()
         self._settle_waiters()
         return loop.create_task(self._finish_disposal(waiter, timeout))
+
+    def close_on_dispose(self, close: Callable[[], Awaitable[object]]) -> None:
+        """Await ``close()`` once the agent is torn down, before its `dispose` awaitable
+        completes (the last registered is closed first; an exception is logged at WARNING):
+        for what lives as long as the agent, such as an MCP server's connection (RT22)."""
+        if not callable(close):
+            raise TypeError(f"close_on_dispose takes an async function, not {close!r}")
+        self._closers.append(close)
 
     def when_idle(self, *, timeout: float | None = None) -> Awaitable[None]:
         """Completes when the agent is quiescent: not busy, no wake pending, no waking item
@@ -827,6 +836,13 @@ class Agent:
             task.cancel()
         if leftovers:
             await asyncio.gather(*leftovers, return_exceptions=True)
+        closers, self._closers = self._closers, []
+        for close in reversed(closers):
+            try:
+                await close()
+            except Exception as exc:
+                LOGGER.warning("closing %r after disposal raised: %s", close,
+                               error_info(exc).rendered())
 
     # ------------------------------------------------------------------
     # Helpers
