@@ -25,7 +25,7 @@ from bench.common import Section, load_text, machine_description
 
 ROOT = Path(__file__).resolve().parents[1]
 ITEMS = ("throughput", "runtime", "dispatch", "explore", "oracle", "stores", "memory",
-         "load-memory", "snapshot", "providers")
+         "load-memory", "snapshot", "providers", "tracing")
 
 
 def run_item(name: str, quick: bool, context: dict[str, Any], options: argparse.Namespace
@@ -63,6 +63,9 @@ def run_item(name: str, quick: bool, context: dict[str, Any], options: argparse.
     if name == "providers":
         from bench import providers
         return providers.run(quick)
+    if name == "tracing":
+        from bench import tracing
+        return tracing.run(quick)
     raise ValueError(f"unknown item {name!r}; known: {', '.join(ITEMS)}")
 
 
@@ -124,6 +127,11 @@ def summary(sections: dict[str, Section]) -> list[str]:
         largest = max(int(key.split("/")[1]) for key in runs)
         add(f"asyncio runtime, {largest:,} turns", ", ".join(
             f"{w} {runs[f'{w}/{largest}']['turns_per_s']:,.0f} turns/s" for w in ("W1", "W2", "W3")))
+    if "tracing" in sections:
+        figures = sections["tracing"].figures
+        add("tracing, runtime CPU per turn (W2) ÷ not installed", ", ".join(
+            f"{label} {value['change_percent']:+.1f}%" for label, value in figures.items()
+            if label != "not installed"))
     if "dispatch" in sections:
         figures = sections["dispatch"].figures
         add("compiled table ÷ plain dict, per transition",
