@@ -8,23 +8,26 @@ time per turn of workload W2 (a tool call per turn) through `machine.runtime.Age
   spans);
 * traced to the SDK with an in-memory exporter (every span recorded).
 
-The variants run interleaved, each repetition in turn, so a machine that speeds up or slows
-down during the item affects them alike.
+Each run is a fresh process, and the variants run interleaved, each repetition in turn, so
+a machine that speeds up or slows down during the item affects them alike.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from bench.common import Section, Stats
 from bench.runtime_async import _measured, build_agent
 from bench.throughput import Run
 from machine.runtime import Agent
 
+ROOT = Path(__file__).resolve().parents[1]
 FULL_TURNS, FULL_REPS = 3_000, 7
 QUICK_TURNS, QUICK_REPS = 30, 2
 
@@ -58,28 +61,44 @@ def _sdk_traced() -> Agent:
     return agent
 
 
-def _once(make: Variant, turns: int) -> Run:
+#: The variants, in the order of the report: label -> how its agent is made.
+VARIANTS: dict[str, str] = {"not installed": "untraced",
+                            "installed, not enabled": "imported",
+                            "enabled, no-op tracer (API only)": "noop",
+                            "enabled, SDK + in-memory exporter": "sdk"}
+_MAKERS: dict[str, Variant] = {"untraced": _untraced, "imported": _untraced,
+                               "noop": _noop_traced, "sdk": _sdk_traced}
+
+
+def child(variant: str, turns: int) -> None:
+    """In a fresh process: one measured session of *variant*; prints CPU seconds per turn.
+    ``imported`` imports the tracing module and the SDK first and then runs untraced;
+    ``untraced`` imports nothing of OpenTelemetry (asserted)."""
+    if variant == "imported":
+        import opentelemetry.sdk.trace  # noqa: F401 - installed, never called
+
+        import machine.runtime.tracing  # noqa: F401
+    if variant == "untraced":
+        assert "opentelemetry" not in sys.modules
     gc.collect()
-    return asyncio.run(_measured(make(), turns))
+    run: Run = asyncio.run(_measured(_MAKERS[variant](), turns))
+    print(run.cpu / turns)
+
+
+def _once(variant: str, turns: int) -> float:
+    done = subprocess.run([sys.executable, "-c",
+                           f"from bench.tracing import child; child({variant!r}, {turns})"],
+                          cwd=ROOT, capture_output=True, text=True, check=True, timeout=600)
+    return float(done.stdout.strip().splitlines()[-1])
 
 
 def run(quick: bool = False) -> Section:
     started = time.perf_counter()
     turns, reps = (QUICK_TURNS, QUICK_REPS) if quick else (FULL_TURNS, FULL_REPS)
-    imported_before = "opentelemetry" in sys.modules
-    cpu: dict[str, list[float]] = {"not installed": [], "installed, not enabled": [],
-                                   "enabled, no-op tracer (API only)": [],
-                                   "enabled, SDK + in-memory exporter": []}
-    # Tracing "not installed": nothing of OpenTelemetry imported yet (first, before any import).
-    for _ in range(reps):
-        cpu["not installed"].append(_once(_untraced, turns).cpu / turns)
-    import machine.runtime.tracing  # noqa: F401 - installed: imported, never called
-    variants: dict[str, Variant] = {"installed, not enabled": _untraced,
-                                    "enabled, no-op tracer (API only)": _noop_traced,
-                                    "enabled, SDK + in-memory exporter": _sdk_traced}
-    for _ in range(reps):
-        for label, make in variants.items():
-            cpu[label].append(_once(make, turns).cpu / turns)
+    cpu: dict[str, list[float]] = {label: [] for label in VARIANTS}
+    for _ in range(reps):               # interleaved: drifts of the machine hit all alike
+        for label, variant in VARIANTS.items():
+            cpu[label].append(_once(variant, turns))
     base = Stats.of([1e6 * c for c in cpu["not installed"]])
     rows: list[list[str]] = []
     figures: dict[str, object] = {}
@@ -95,10 +114,10 @@ def run(quick: bool = False) -> Section:
     section.figures = figures
     section.notes.append(
         f"Workload W2 (a tool call per turn) through the asyncio runtime, median of {reps} "
-        "runs each. 'Not installed' runs first, before anything of OpenTelemetry is imported"
-        + (" (it was already imported in this process: run the item on its own)"
-           if imported_before else "") + "; the other three then run interleaved. An agent "
-        "that is not traced registers no observer, so 'installed, not enabled' runs the same "
-        "code as 'not installed': their difference is the machine's noise.")
+        "runs each, every run in a fresh process (CPU time of the turns only), the variants "
+        "interleaved. 'Not installed' imports nothing of OpenTelemetry; 'installed, not "
+        "enabled' imports `machine.runtime.tracing` and the SDK and runs untraced: an agent "
+        "that is not traced registers no observer, so it runs the same code, and the "
+        "difference between the two rows is the machine's noise.")
     section.seconds = time.perf_counter() - started
     return section

@@ -31,9 +31,13 @@ the core and prints every output as one JSON line (``machine.runner``,
 ``specs/scripts.md``); a malformed or refused script exits 2 with a message
 on stderr.
 
-``turnstile chat --base-url URL --model NAME [--session FILE] [--resume]`` chats
-with a model of an OpenAI-compatible endpoint (``machine.runtime.chat``): steering,
-injection, Ctrl-C as cancel, a JSONL session that ``--resume`` continues.
+``turnstile chat --model NAME [--base-url URL] [--provider anthropic] [--session FILE]
+[--resume]`` chats with a model of an OpenAI-compatible endpoint or of Anthropic
+(``machine.runtime.chat``): the input line below the streaming answer, steering, local
+commands, retries shown, a JSONL session that ``--resume`` continues and shows.
+
+Every command reads standard input for a file named ``-``, ends quietly when the reader
+of its output goes away, and shows progress only on a terminal (``machine.terminal``).
 
 ``turnstile demo [--color | --no-color]`` runs a narrated session through the
 asyncio runtime (``machine.runtime.demo``), prints its log and live events as
@@ -303,8 +307,9 @@ COMMANDS: Final[dict[str, Command]] = {
                       configure=conformance_cli.configure_record, run=conformance_cli.run_record),
     "demo": Command(help="a narrated session through the asyncio runtime, then the corpus check",
                     configure=_configure_demo, run=_run_demo),
-    "chat": Command(help="chat with a model of an OpenAI-compatible endpoint (the runtime's "
-                         "worked example)", configure=_configure_chat, run=_run_chat),
+    "chat": Command(help="chat with a model of an OpenAI-compatible endpoint or Anthropic "
+                         "(the runtime's worked example)", configure=_configure_chat,
+                    run=_run_chat),
 }
 
 

@@ -15,7 +15,8 @@ One test, in steps (each asserts what a new user would see):
    ``explore --model``, ``log validate`` of a shipped example, ``python -m
    machine.conformance.corpus --check`` (the corpus's authoring code rebuilds the shipped
    corpus); ``machine.testing`` names its missing extra;
-4. with the ``testing`` extra added, every python block of the README runs there.
+4. with the ``testing``, ``mcp`` and ``tracing`` extras and the OpenTelemetry SDK added,
+   every python block of the README runs there.
 
 Nothing is cached between runs except pip's own download cache of ``transitions`` and
 ``hypothesis``: the wheel is built from scratch each time.
@@ -156,8 +157,10 @@ def test_the_wheel_installs_alone_and_works_from_an_empty_directory(tmp_path: Pa
                               capture_output=True, text=True, timeout=120)
     assert isolated.returncode == 1 and "No module named 'model'" in isolated.stderr
 
-    # 4. with the testing extra, the README's examples run as written
-    _run([*pip, f"{wheel}[testing]"], cwd=tmp_path, env=environ)
+    # 4. with the extras they use (and the OpenTelemetry SDK, the application's choice of
+    # tracing backend), the README's examples run as written
+    _run([*pip, f"{wheel}[testing,mcp,tracing]", "opentelemetry-sdk"], cwd=tmp_path,
+         env=environ)
     readme = _run([python, str(ROOT / "tests" / "readme_examples.py"), str(ROOT / "README.md")],
                   cwd=empty, env=env)
     assert readme.splitlines()[-1].endswith(" not run), 0 failed"), readme

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from scenario_helpers import at, obj
+from test_runtime_tools import results as tool_results
 
 from machine.errors import ValidationError
 from machine.runtime import Agent, ScriptedModel, calls_reply, text_reply
@@ -50,15 +51,9 @@ def http_url() -> Iterator[str]:
 
 
 def results(agent: Agent) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for event in agent.session.events:
-        if event.type == "tool/result":
-            block = obj(at(event.data, "message", "content", 0))
-            error = event.data.get("error")
-            out.append({"text": at(block, "content", 0, "text"),
-                        "error": block.get("isError", False),
-                        "code": obj(error).get("code") if error else None})
-    return out
+    """Each tool result's text, error flag and code (the call ids left out)."""
+    return [{key: value for key, value in result.items() if key != "id"}
+            for result in tool_results(agent)]
 
 
 def turn_ends(agent: Agent) -> list[str]:
