@@ -239,6 +239,27 @@ def test_RT20_commands_are_local_with_history_completion_and_refused_bytes() -> 
         assert sent == ["first question", "first question", "/etc is a folder"]
 
 
+def test_RT20_the_answer_is_shown_as_markdown_line_by_line() -> None:
+    answer = "# Plan\n- **first** step\n```\nx = `raw` # kept\n```\nThat is *all*."
+    with FakeServer.start_in_thread([openai_text(answer, pieces=4)]) as server:
+        with chatting("--base-url", server.openai_base_url, "--model", "fake-model") as chat:
+            chat.expect("you>")
+            chat.type("plan it")
+            chat.expect("(turn 1: ")
+            screen = chat.lines()
+            start = screen.index("you> plan it")
+            assert screen[start + 1:start + 7] == [
+                "Plan", " • first step", "```", "x = `raw` # kept", "```", "That is all."]
+            rows = [row.rstrip() for row in chat.screen.display]
+            step = rows.index(" • first step")
+            assert chat.screen.buffer[step][3].bold          # **first**: emphasis, drawn bold
+            assert not chat.screen.buffer[step][10].bold     # "step"
+            heading = rows.index("Plan", step - 2)
+            assert chat.screen.buffer[heading][0].underscore
+            chat.type("/quit")
+            assert chat.close() == 0
+
+
 def test_RT20_retries_are_shown_and_a_failed_session_exits_1() -> None:
     unavailable = Reply.error(503, {"error": {"message": "overloaded", "type": "server"}})
     with FakeServer.start_in_thread([unavailable, openai_text("recovered"),

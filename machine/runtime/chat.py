@@ -174,6 +174,7 @@ class View:
         self.hold_partial = False
         self.partial: list[tuple[str, str]] = []      # (style, text) of the unfinished line
         self.redraw: Callable[[], None] = lambda: None
+        self.in_code = False                            # inside a code fence of the answer
         self.usage = [0, 0]             # this turn's tokens in and out
         self.retrying = False           # the turn that just failed is being retried
         self.last_end = ""              # how the last turn ended
@@ -202,15 +203,46 @@ class View:
         *done, rest = text.split("\n")
         for piece in done:
             self.partial.append((style or "", piece))
-            from rich.text import Text
-            line = Text()
-            for part_style, part in self.partial:
-                line.append(part, style=part_style or None)
-            self.console.print(line, soft_wrap=True)
+            if all(not part_style for part_style, _ in self.partial):
+                self._markdown_line("".join(part for _, part in self.partial))
+            else:
+                from rich.text import Text
+                line = Text()
+                for part_style, part in self.partial:
+                    line.append(part, style=part_style or None)
+                self.console.print(line, soft_wrap=True)
             self.partial = []
         if rest:
             self.partial.append((style or "", rest))
         self.redraw()
+
+    def _markdown_line(self, line: str) -> None:
+        """One finished line of the answer, as Markdown: headings, lists, quotes, emphasis
+        and code spans styled; lines inside a code fence shown as code. Line by line, so the
+        answer still streams (a line is final once printed)."""
+        fence = line.lstrip().startswith("```")
+        if fence or self.in_code:
+            self.in_code = self.in_code != fence
+            self.console.print(line, style="dim" if fence else "green", markup=False,
+                               highlight=False, soft_wrap=True)
+            return
+        stripped = line.lstrip()
+        if not stripped or not self.colour:
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            return
+        if stripped.startswith("#"):
+            level = len(stripped) - len(stripped.lstrip("#"))
+            if stripped[level:level + 1] == " ":
+                self.console.print(stripped[level + 1:], markup=False, highlight=False,
+                                   style="bold underline" if level == 1 else "bold",
+                                   soft_wrap=True)
+                return
+        from rich.markdown import Markdown
+        with self.console.capture() as captured:
+            self.console.print(Markdown(line))
+        rendered = "\n".join(part.rstrip() for part in captured.get().strip("\n").split("\n"))
+        self.console.file.write(rendered + "\n")
+        self.console.file.flush()
 
     def say(self, line: str, style: str | None = None) -> None:
         """A line of its own. With an input line it goes above the streamed line that is not
@@ -240,6 +272,7 @@ class View:
         if self.streaming:              # the message is complete: so is its last line
             self.write("\n")
             self.streaming = ""
+        self.in_code = False
         usage = event.data.get("usage")
         if isinstance(usage, FrozenDict):
             for index, key in enumerate(("inputTokens", "outputTokens")):
