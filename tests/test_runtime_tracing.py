@@ -13,7 +13,8 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.trace import NoOpTracer, NoOpTracerProvider, Span, SpanKind, StatusCode, Tracer
 
 from machine.jsonvalue import FrozenList, freeze
 from machine.runtime import (
@@ -290,3 +291,50 @@ def test_RT23_finish_reasons_follow_the_conventions(kind: str) -> None:
             assert chat.status.status_code == StatusCode.ERROR
             assert attrs(chat)["error.type"] == "STREAM_ERROR"
     run(main)
+
+
+class CountingProvider(NoOpTracerProvider):
+    """A tracer provider that records nothing, counting the spans asked of it."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def get_tracer(self, *args: Any, **kwargs: Any) -> Tracer:
+        provider = self
+
+        class Counting(NoOpTracer):
+            def start_span(self, name: str, *more: Any, **options: Any) -> Span:
+                provider.started.append(name)
+                return super().start_span(name, *more, **options)
+        return Counting()
+
+
+def test_RT23_a_turn_that_does_not_record_costs_one_span() -> None:
+    """No SDK (or sampled out): the turn's span does not record, so its steps, requests
+    and calls get no span of their own."""
+    provider = CountingProvider()
+
+    async def main() -> None:
+        model = ScriptedModel([calls_reply(("c1", "lookup", '{"word": "a"}')),
+                               usage_reply("b", 1, 1), usage_reply("c", 1, 1)])
+        agent = Agent(model, tools=[lookup])
+        trace_agent(agent, tracer_provider=provider)
+        async with agent:
+            agent.followup("one")
+            agent.followup("two")
+            await agent.when_idle()
+    run(main)
+    assert provider.started == ["invoke_agent turnstile", "invoke_agent turnstile"]
+    sampled_out = InMemorySpanExporter()
+    sdk = TracerProvider(sampler=ALWAYS_OFF)
+    sdk.add_span_processor(SimpleSpanProcessor(sampled_out))
+
+    async def sampled() -> None:
+        agent = Agent(ScriptedModel([calls_reply(("c1", "lookup", '{"word": "a"}'))]),
+                      tools=[lookup])
+        trace_agent(agent, tracer_provider=sdk)
+        async with agent:
+            agent.followup("one")
+            await agent.when_idle()
+    run(sampled)
+    assert sampled_out.get_finished_spans() == ()

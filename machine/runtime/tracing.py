@@ -29,7 +29,8 @@ semantic conventions:
   the turn it starts, ``block`` on the next turn span or, when no turn follows, on a span
   ``turnstile.admission`` of its own), ``turnstile.cancel`` (a cancel request).
 
-Message text is recorded only with ``capture_content=True`` (it may be sensitive).
+Message text is recorded only with ``capture_content=True`` (it may be sensitive). A turn
+whose span does not record (no SDK configured, or sampled out) gets no other span or event.
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ class AgentTracer:
         self.capture_content = capture_content
         self.tracer = trace.get_tracer(SCOPE, __version__, tracer_provider=tracer_provider)
         self.turn: Span | None = None
+        #: Whether the running turn's span records (no SDK, or sampled out: the turn's other
+        #: spans and events are not made at all, so such a turn costs one no-op span).
+        self.recording = False
         self.turn_number = 0
         self.step: Span | None = None
         self.step_over = False                    # the step ended before its model span
@@ -175,6 +179,7 @@ class AgentTracer:
             f"invoke_agent {self.agent_name}", kind=SpanKind.INTERNAL, attributes=attributes,
             links=links, context=otel_context.Context())
         self.turn_number = turn if isinstance(turn, int) else 0
+        self.recording = span.is_recording()
         for message_id, when in self.blocked:
             span.add_event("turnstile.admission", {"turnstile.verdict": "block",
                                                    "turnstile.message.id": message_id}, when)
@@ -214,6 +219,8 @@ class AgentTracer:
     def _step_start(self, event: Event) -> None:
         self._model_end()
         self._end_step()
+        if not self.recording:
+            return
         turn, step = event.data.get("turn"), event.data.get("step")
         self.step = self.tracer.start_span(
             "turnstile.step", context=self._parent() if self.turn is not None else None,
@@ -234,6 +241,8 @@ class AgentTracer:
 
     def _model_start(self, payload: FrozenDict) -> None:
         self._model_end()
+        if not self.recording:
+            return
         config = _get(payload, "header", "config")
         config = config if isinstance(config, Mapping) else {}
         model = str(config.get("model", ""))
@@ -283,6 +292,8 @@ class AgentTracer:
             self._end_step()
 
     def _tool_call(self, event: Event) -> None:
+        if not self.recording:
+            return
         data = event.data
         name, call_id = str(data.get("name", "")), str(data.get("callId", ""))
         found = self.agent.tools.get(name)
@@ -320,7 +331,7 @@ class AgentTracer:
 
     def _message_event(self, name: str, message: Any) -> None:
         span = self.step or self.turn
-        if span is None:
+        if span is None or not self.recording:
             return
         attributes: dict[str, Any] = {"turnstile.message.id": str(_get(message, "id")),
                                       "turnstile.source.kind": str(_get(message, "source",
