@@ -241,23 +241,23 @@ def test_RT20_commands_are_local_with_history_completion_and_refused_bytes() -> 
 
 def test_RT20_the_answer_is_shown_as_markdown_line_by_line() -> None:
     answer = "# Plan\n- **first** step\n```\nx = `raw` # kept\n```\nThat is *all*."
-    with FakeServer.start_in_thread([openai_text(answer, pieces=4)]) as server:
-        with chatting("--base-url", server.openai_base_url, "--model", "fake-model") as chat:
-            chat.expect("you>")
-            chat.type("plan it")
-            chat.expect("(turn 1: ")
-            screen = chat.lines()
-            start = screen.index("you> plan it")
-            assert screen[start + 1:start + 7] == [
-                "Plan", " • first step", "```", "x = `raw` # kept", "```", "That is all."]
-            rows = [row.rstrip() for row in chat.screen.display]
-            step = rows.index(" • first step")
-            assert chat.screen.buffer[step][3].bold          # **first**: emphasis, drawn bold
-            assert not chat.screen.buffer[step][10].bold     # "step"
-            heading = rows.index("Plan", step - 2)
-            assert chat.screen.buffer[heading][0].underscore
-            chat.type("/quit")
-            assert chat.close() == 0
+    with FakeServer.start_in_thread([openai_text(answer, pieces=4)]) as server, \
+            chatting("--base-url", server.openai_base_url, "--model", "fake-model") as chat:
+        chat.expect("you>")
+        chat.type("plan it")
+        chat.expect("(turn 1: ")
+        screen = chat.lines()
+        start = screen.index("you> plan it")
+        assert screen[start + 1:start + 7] == [
+            "Plan", " • first step", "```", "x = `raw` # kept", "```", "That is all."]
+        rows = [row.rstrip() for row in chat.screen.display]
+        step = rows.index(" • first step")
+        assert chat.screen.buffer[step][3].bold          # **first**: emphasis, drawn bold
+        assert not chat.screen.buffer[step][10].bold     # "step"
+        heading = rows.index("Plan", step - 2)
+        assert chat.screen.buffer[heading][0].underscore
+        chat.type("/quit")
+        assert chat.close() == 0
 
 
 def test_RT20_retries_are_shown_and_a_failed_session_exits_1() -> None:
@@ -384,3 +384,13 @@ def test_RT20_an_openai_compatible_provider_needs_a_base_url(
         capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["chat", "--model", "m"]) == 2
     assert "--base-url is needed" in capsys.readouterr().err
+
+
+def test_RT20_a_missing_cli_extra_is_named(monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *rest: None if name == "rich" else real(name, *rest))
+    assert cli_main(["chat", "--base-url", "http://127.0.0.1:9/v1", "--model", "m"]) == 2
+    assert "the chat needs rich: pip install 'turnstile-agent[cli]'" in capsys.readouterr().err

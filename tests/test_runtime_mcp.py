@@ -115,6 +115,18 @@ def test_RT22_streamable_http_tools_work_the_same(http_url: str) -> None:
     run(main)
 
 
+def test_RT22_http_headers_are_sent_with_every_request(http_url: str) -> None:
+    async def main() -> None:
+        async with McpServer.http(http_url, headers={"X-Team": "blue"},
+                                  connect_timeout=WAIT) as server:
+            answer = await server.call("request_header", {"name": "x-team"})
+            assert at(answer.content, 0, "text") == "blue"
+        async with McpServer.http(http_url, connect_timeout=WAIT) as plain:
+            answer = await plain.call("request_header", {"name": "x-team"})
+            assert at(answer.content, 0, "text") == "-"
+    run(main)
+
+
 def test_RT22_an_error_result_and_other_content_reach_the_model() -> None:
     async def main() -> None:
         async with stdio_server() as server:

@@ -578,6 +578,7 @@ async def run_chat(args: argparse.Namespace, stdin: Any, stdout: TextIO | None,
     chooses prompt_toolkit."""
     if interactive is None:
         interactive = is_terminal(sys.stdin) and is_terminal(sys.stdout)
+    _check_extras(interactive)
     agent, where = open_agent(args)
     view = View(stdout, colour=interactive and not os.environ.get("NO_COLOR"))
     chat = Chat(agent, view)
@@ -606,6 +607,16 @@ async def run_chat(args: argparse.Namespace, stdin: Any, stdout: TextIO | None,
             loop.remove_signal_handler(signal.SIGINT)
     view.say("bye")
     return 1 if view.last_end == "error" else 0
+
+
+def _check_extras(interactive: bool) -> None:
+    """rich always, prompt_toolkit on a terminal: else a usage error naming the extra."""
+    import importlib.util
+    needed = ["rich", "prompt_toolkit"] if interactive else ["rich"]
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ChatError(f"the chat needs {' and '.join(missing)}: pip install "
+                        "'turnstile-agent[cli]'")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
