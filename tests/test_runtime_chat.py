@@ -176,9 +176,10 @@ def test_RT20_chat_streams_steers_injects_cancels_calls_tools_and_quits() -> Non
             chat.expect("[context] cwd is /tmp")
             chat.type("count words")
             chat.expect("neve")
-            chat.type("/inject the turn is slow")      # said at once, not at the step's end
+            # /inject is said at once, not at the step's end; the Ctrl-C typed right after
+            # it (before the next prompt is up) still cancels the turn
+            chat.key(b"/inject the turn is slow" + ENTER + CTRL_C)
             chat.expect("[context staged: the model sees it at its next step]")
-            chat.key(CTRL_C)                           # Ctrl-C: cancel the turn
             chat.expect("[cancelled]")
             chat.expect("[turn 2 ended: aborted]")
             server.release()

@@ -36,7 +36,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, Final, TextIO, cast
 
@@ -522,22 +522,50 @@ async def _interactive(chat: Chat) -> None:
     above = _AboveInput(view.console.file, session)
     view.console.file = cast(IO[str], above)     # a file as far as rich is concerned
     try:
-        while not chat.leaving:
-            try:
-                line = await session.prompt_async(message)
-            except KeyboardInterrupt:
-                chat.interrupt()
-                continue
-            except EOFError:            # Ctrl-D: finish what was asked first
-                await chat.agent.when_idle()
-                break
-            chat.line(line)
+        with _keys_kept():
+            await _prompting(chat, session, message)
     finally:
         view.console.file = above.out
     if view.partial:                    # the line being streamed when the chat ended
         view.hold_partial = False
         view.write("\n")
     view.hold_partial = False
+
+
+@contextlib.contextmanager
+def _keys_kept() -> Iterator[None]:
+    """Between two prompts (while a line is handled) the terminal stays without echo, line
+    editing and signals, as during a prompt: what is typed then, Ctrl-C included, waits
+    for the next prompt instead of being echoed into the output or becoming a SIGINT that
+    the chat would miss. The terminal's settings are restored at the end."""
+    try:
+        import termios
+        fd = sys.stdin.fileno()
+        saved = termios.tcgetattr(fd)
+    except (ImportError, OSError, ValueError, AttributeError):   # not a POSIX terminal
+        yield
+        return
+    quiet = list(saved)
+    quiet[3] &= ~(termios.ECHO | termios.ICANON | termios.ISIG)      # the local modes
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+
+async def _prompting(chat: Chat, session: Any, message: Callable[[], Any]) -> None:
+    """Read lines until the chat is left."""
+    while not chat.leaving:
+        try:
+            line = await session.prompt_async(message)
+        except KeyboardInterrupt:
+            chat.interrupt()
+            continue
+        except EOFError:                # Ctrl-D: finish what was asked first
+            await chat.agent.when_idle()
+            break
+        chat.line(line)
 
 
 def _pt_style(style: str) -> str:
