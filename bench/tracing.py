@@ -1,4 +1,4 @@
-"""Item: what OpenTelemetry tracing (specs/runtime.md RT23) costs the asyncio runtime, as CPU
+"""Item: what OpenTelemetry tracing (specs/runtime.md RT29) costs the asyncio runtime, as CPU
 time per turn of workload W2 (a tool call per turn) through `machine.runtime.Agent`:
 
 * untraced, before ``opentelemetry`` is imported at all (tracing not installed);
@@ -109,7 +109,7 @@ def run(quick: bool = False) -> Section:
                      "–" if label == "not installed" else f"{change:+.1f}%"])
         figures[label] = {"cpu_us_per_turn": stats.median, "change_percent": change,
                           "runs": len(values)}
-    section = Section("Tracing: runtime CPU per turn with and without (RT23)",
+    section = Section("Tracing: runtime CPU per turn with and without (RT29)",
                       ["tracing", "turns per run", "CPU µs per turn", "÷ not installed"], rows)
     section.figures = figures
     section.notes.append(

@@ -87,7 +87,7 @@ def _log_validate(args: argparse.Namespace, out: TextIO) -> int:
         print(f"turnstile log validate: {twice}", file=sys.stderr)
         return EXIT_USAGE
     for path in args.files:
-        with progress_bar(f"{shown(path)}:") as bar:    # only on a terminal (RT21)
+        with progress_bar(f"{shown(path)}:") as bar:    # only on a terminal (RT27)
             verdict = validate_file(path, bar)
         verdicts.append(verdict)
         if args.json:
@@ -335,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status = COMMANDS[args.command].run(args)
         sys.stdout.flush()      # a reader gone before the last write is seen here, not at exit
-    except BrokenPipeError:     # e.g. `turnstile check --json | head`: end quietly (RT21)
+    except BrokenPipeError:     # e.g. `turnstile check --json | head`: end quietly (RT27)
         return quiet_broken_pipe()
     return status
 

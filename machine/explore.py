@@ -1542,7 +1542,7 @@ def main_explore(depth: int | None = None, *, configuration: str = "idle",
         options: dict[str, Any] = {} if commands is None else {"commands": tuple(commands)}
         explorer = chosen.explorer(with_model=with_model, **options)
 
-        # A bar on standard error when it is a terminal, nothing when it is not (RT21).
+        # A bar on standard error when it is a terminal, nothing when it is not (RT27).
         bar = progress_bar(f"{name} depth {run_depth}", enabled=False if quiet else None)
 
         def progress(states: int, frontier: int, seconds: float,

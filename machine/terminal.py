@@ -1,4 +1,4 @@
-"""What the ``turnstile`` commands share about their streams (specs/runtime.md RT21).
+"""What the ``turnstile`` commands share about their streams (specs/runtime.md RT27).
 
 * **Standard input as a file**: `STDIN` (``-``) names standard input wherever a command
   takes files; `read_bytes` and `read_text` read either, `shown` is the name a message

@@ -1,4 +1,4 @@
-"""The command line's streams (specs/runtime.md RT21): closed pipes end a command quietly,
+"""The command line's streams (specs/runtime.md RT27): closed pipes end a command quietly,
 ``-`` reads standard input wherever a command takes files, progress is shown only on a
 terminal. The pipe tests run the real ``turnstile`` in a subprocess."""
 
@@ -56,7 +56,7 @@ def closed_reader(*argv: str) -> tuple[int, bytes]:
     ["explore", "--depth", "2"],
     ["run", str(EXAMPLES / "tool-call.json")],
 ], ids=lambda argv: " ".join(argv[:2]))
-def test_RT21_a_closed_pipe_ends_a_command_quietly(tmp_path: Path, argv: list[str]) -> None:
+def test_RT27_a_closed_pipe_ends_a_command_quietly(tmp_path: Path, argv: list[str]) -> None:
     if "SESSION" in argv:
         with JsonlStore(tmp_path) as store:
             store_events(store, "s", sample_session())
@@ -66,7 +66,7 @@ def test_RT21_a_closed_pipe_ends_a_command_quietly(tmp_path: Path, argv: list[st
     assert status in (0, EXIT_SIGPIPE)
 
 
-def test_RT21_a_pipe_closed_midway_is_quiet_too() -> None:
+def test_RT27_a_pipe_closed_midway_is_quiet_too() -> None:
     """`turnstile check --json | head -1`: the reader goes away after one line."""
     process = subprocess.Popen([sys.executable, "-m", "machine", "check", "--json"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -80,7 +80,7 @@ def test_RT21_a_pipe_closed_midway_is_quiet_too() -> None:
     assert err == b"" and status in (0, EXIT_SIGPIPE)
 
 
-def test_RT21_log_show_json_piped_into_log_validate_dash(tmp_path: Path) -> None:
+def test_RT27_log_show_json_piped_into_log_validate_dash(tmp_path: Path) -> None:
     """The issue's pipeline: `turnstile log show --json FILE | turnstile log validate -`."""
     with JsonlStore(tmp_path) as store:
         store_events(store, "s", sample_session())
@@ -92,7 +92,7 @@ def test_RT21_log_show_json_piped_into_log_validate_dash(tmp_path: Path) -> None
     assert checked.stdout.decode().startswith("<stdin>: OK (")
 
 
-def test_RT21_dash_reads_standard_input_for_every_command_that_takes_files(
+def test_RT27_dash_reads_standard_input_for_every_command_that_takes_files(
         tmp_path: Path) -> None:
     log = VALID_LOG.read_bytes()
     out = turnstile("log", "validate", "--json", "-", stdin=log)
@@ -126,7 +126,7 @@ def test_RT21_dash_reads_standard_input_for_every_command_that_takes_files(
     assert show.stdout.decode().startswith("<stdin>: session s")
 
 
-def test_RT21_dash_errors_name_standard_input(tmp_path: Path) -> None:
+def test_RT27_dash_errors_name_standard_input(tmp_path: Path) -> None:
     twice = turnstile("log", "validate", "-", "-", stdin=b"")
     assert twice.returncode == 2 and b"can be given only once" in twice.stderr
     bad = turnstile("check", "-", stdin=b"{not json")
@@ -141,7 +141,7 @@ def test_RT21_dash_errors_name_standard_input(tmp_path: Path) -> None:
     assert draft.returncode == 3 and draft.stderr.startswith(b"turnstile record: malformed")
 
 
-def test_RT21_no_progress_and_no_carriage_return_when_not_a_terminal(tmp_path: Path) -> None:
+def test_RT27_no_progress_and_no_carriage_return_when_not_a_terminal(tmp_path: Path) -> None:
     """Long commands on pipes: standard error carries no progress line at all."""
     long_log = tmp_path / "long.jsonl"
     long_log.write_bytes(VALID_LOG.read_bytes())
@@ -156,7 +156,7 @@ class _Terminal(io.StringIO):
         return True
 
 
-def test_RT21_progress_bar_draws_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_RT27_progress_bar_draws_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     pipe = io.StringIO()
     with progress_bar("work", 10, stream=pipe) as bar:
         for _ in range(10):
@@ -178,7 +178,7 @@ def test_RT21_progress_bar_draws_only_on_a_terminal(monkeypatch: pytest.MonkeyPa
     assert plain.getvalue().endswith("\r" + " " * terminal.WIDTH + "\r")
 
 
-def test_RT21_check_progress_counts_every_vector(monkeypatch: pytest.MonkeyPatch,
+def test_RT27_check_progress_counts_every_vector(monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     seen: list[tuple[float, str | None]] = []
 
@@ -208,7 +208,7 @@ def test_RT21_check_progress_counts_every_vector(monkeypatch: pytest.MonkeyPatch
     assert capsys.readouterr().out.startswith(f"{count} passed, 0 failed, ")
 
 
-def test_RT21_a_vector_read_from_stdin_keeps_its_own_id(monkeypatch: pytest.MonkeyPatch,
+def test_RT27_a_vector_read_from_stdin_keeps_its_own_id(monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]
                                                          ) -> None:
     data = json.loads((CORPUS / "A5-idle-steer-is-a-prompt.json").read_text(encoding="utf-8"))

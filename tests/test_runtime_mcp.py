@@ -1,4 +1,4 @@
-"""Tools from MCP servers (specs/runtime.md RT22), against a real MCP server written with the
+"""Tools from MCP servers (specs/runtime.md RT28), against a real MCP server written with the
 official SDK (tests/fixtures/mcp_server.py), over stdio and over streamable HTTP on
 127.0.0.1; the model is scripted, everything else is real."""
 
@@ -77,7 +77,7 @@ async def eventually(check: Callable[[], bool], what: str) -> None:
         await asyncio.sleep(0.05)
 
 
-def test_RT22_stdio_tools_become_agent_tools_with_their_schemas() -> None:
+def test_RT28_stdio_tools_become_agent_tools_with_their_schemas() -> None:
     async def main() -> None:
         async with stdio_server() as server:
             tools = {tool.name: tool for tool in server.tools}
@@ -98,7 +98,7 @@ def test_RT22_stdio_tools_become_agent_tools_with_their_schemas() -> None:
     run(main)
 
 
-def test_RT22_streamable_http_tools_work_the_same(http_url: str) -> None:
+def test_RT28_streamable_http_tools_work_the_same(http_url: str) -> None:
     async def main() -> None:
         async with McpServer.http(http_url, connect_timeout=WAIT) as server:
             assert server.name == http_url
@@ -115,7 +115,7 @@ def test_RT22_streamable_http_tools_work_the_same(http_url: str) -> None:
     run(main)
 
 
-def test_RT22_http_headers_are_sent_with_every_request(http_url: str) -> None:
+def test_RT28_http_headers_are_sent_with_every_request(http_url: str) -> None:
     async def main() -> None:
         async with McpServer.http(http_url, headers={"X-Team": "blue"},
                                   connect_timeout=WAIT) as server:
@@ -127,7 +127,7 @@ def test_RT22_http_headers_are_sent_with_every_request(http_url: str) -> None:
     run(main)
 
 
-def test_RT22_an_error_result_and_other_content_reach_the_model() -> None:
+def test_RT28_an_error_result_and_other_content_reach_the_model() -> None:
     async def main() -> None:
         async with stdio_server() as server:
             model = ScriptedModel([calls_reply(("c1", "refuse", '{"reason": "policy"}'),
@@ -146,7 +146,7 @@ def test_RT22_an_error_result_and_other_content_reach_the_model() -> None:
     run(main)
 
 
-def test_RT22_a_cancel_reaches_the_call_in_flight(tmp_path: Path) -> None:
+def test_RT28_a_cancel_reaches_the_call_in_flight(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
 
     async def main() -> None:
@@ -167,7 +167,7 @@ def test_RT22_a_cancel_reaches_the_call_in_flight(tmp_path: Path) -> None:
     run(main)
 
 
-def test_RT22_a_crashed_server_is_a_tool_failure_the_model_sees() -> None:
+def test_RT28_a_crashed_server_is_a_tool_failure_the_model_sees() -> None:
     async def main() -> None:
         server = await stdio_server().start()
         model = ScriptedModel([call("crash"), text_reply("it crashed"),
@@ -187,7 +187,7 @@ def test_RT22_a_crashed_server_is_a_tool_failure_the_model_sees() -> None:
     run(main)
 
 
-def test_RT22_a_hung_server_times_out_as_a_tool_failure() -> None:
+def test_RT28_a_hung_server_times_out_as_a_tool_failure() -> None:
     async def main() -> None:
         async with stdio_server(call_timeout=1.0) as server:
             model = ScriptedModel([call("hang"), text_reply("it hung")])
@@ -200,7 +200,7 @@ def test_RT22_a_hung_server_times_out_as_a_tool_failure() -> None:
     run(main)
 
 
-def test_RT22_garbage_fails_the_calls_in_flight_and_the_server_stays_usable() -> None:
+def test_RT28_garbage_fails_the_calls_in_flight_and_the_server_stays_usable() -> None:
     async def main() -> None:
         async with stdio_server() as server:
             model = ScriptedModel([call("garbage"), call("wrong_shape", call_id="c2"),
@@ -222,7 +222,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_RT22_the_server_lives_as_long_as_the_agent() -> None:
+def test_RT28_the_server_lives_as_long_as_the_agent() -> None:
     async def main() -> None:
         server = await stdio_server().start()
         model = ScriptedModel([call("pid"), text_reply("ok")])
@@ -241,7 +241,7 @@ def test_RT22_the_server_lives_as_long_as_the_agent() -> None:
     run(main)
 
 
-def test_RT22_a_server_that_cannot_start_is_a_typed_error() -> None:
+def test_RT28_a_server_that_cannot_start_is_a_typed_error() -> None:
     async def main() -> None:
         with pytest.raises(McpConnectError, match="cannot connect"):
             await McpServer.stdio("/nonexistent/mcp-server", connect_timeout=WAIT).start()
@@ -255,7 +255,7 @@ def test_RT22_a_server_that_cannot_start_is_a_typed_error() -> None:
     run(main)
 
 
-def test_RT22_bad_options_are_refused_with_their_name() -> None:
+def test_RT28_bad_options_are_refused_with_their_name() -> None:
     makers: list[tuple[Callable[[], McpServer], str]] = [
                         (lambda: McpServer.stdio(""), "command"),
                         (lambda: McpServer.stdio("x", "a b"), "args"),
@@ -273,7 +273,7 @@ def test_RT22_bad_options_are_refused_with_their_name() -> None:
         _ = McpServer.stdio("x").tools
 
 
-def test_RT22_prefix_and_modes_name_and_schedule_the_tools() -> None:
+def test_RT28_prefix_and_modes_name_and_schedule_the_tools() -> None:
     async def main() -> None:
         async with stdio_server(prefix="calc_", modes={"add": "exclusive"}) as server:
             names = {tool.name: tool.mode for tool in server.tools}

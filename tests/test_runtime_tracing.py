@@ -1,4 +1,4 @@
-"""OpenTelemetry traces of an agent (specs/runtime.md RT23), recorded by the SDK's in-memory
+"""OpenTelemetry traces of an agent (specs/runtime.md RT29), recorded by the SDK's in-memory
 exporter: spans per turn, step, model request and tool call named and attributed after the
 GenAI semantic conventions, span events, the retry link, and no change to what the agent
 does."""
@@ -83,7 +83,7 @@ def parent_of(span: ReadableSpan, spans: Sequence[ReadableSpan]) -> ReadableSpan
                 and s.context.span_id == span.parent.span_id)
 
 
-def test_RT23_spans_per_turn_step_model_request_and_tool_call() -> None:
+def test_RT29_spans_per_turn_step_model_request_and_tool_call() -> None:
     model = ScriptedModel([calls_reply(("c1", "lookup", '{"word": "tide"}'),
                                        ("c2", "lookup", '{"word": "missing"}')),
                            usage_reply("done", 40, 9)], provider="acme", model="acme-1")
@@ -130,7 +130,7 @@ def test_RT23_spans_per_turn_step_model_request_and_tool_call() -> None:
     run(main)
 
 
-def test_RT23_a_retried_turn_is_linked_to_the_failed_one() -> None:
+def test_RT29_a_retried_turn_is_linked_to_the_failed_one() -> None:
     model = ScriptedModel([ModelFailure("overloaded", "UNAVAILABLE", status=503),
                            usage_reply("ok", 1, 1)])
 
@@ -156,7 +156,7 @@ def test_RT23_a_retried_turn_is_linked_to_the_failed_one() -> None:
     run(main)
 
 
-def test_RT23_steering_context_cancel_and_admission_verdicts_are_span_events() -> None:
+def test_RT29_steering_context_cancel_and_admission_verdicts_are_span_events() -> None:
     model = ScriptedModel([Hang(), usage_reply("a", 1, 1)])
 
     async def gate(submit: PromptSubmit, rest: Next[PromptDecision]) -> PromptDecision:
@@ -192,7 +192,7 @@ def test_RT23_steering_context_cancel_and_admission_verdicts_are_span_events() -
     run(main)
 
 
-def test_RT23_steering_and_context_taken_by_a_step_are_events_of_that_step() -> None:
+def test_RT29_steering_and_context_taken_by_a_step_are_events_of_that_step() -> None:
     """Steering and context staged during step 1 are drained at its end (R11): the step
     that took them carries the events."""
     model = ScriptedModel([calls_reply(("c1", "lookup", '{"word": "a"}')),
@@ -231,7 +231,7 @@ def _provider(exporter: InMemorySpanExporter) -> TracerProvider:
     return provider
 
 
-def test_RT23_tracing_changes_nothing_the_agent_does_and_can_be_stopped() -> None:
+def test_RT29_tracing_changes_nothing_the_agent_does_and_can_be_stopped() -> None:
     def replies() -> list[Any]:
         return [calls_reply(("c1", "lookup", '{"word": "x"}')), usage_reply("y", 2, 3),
                 ModelFailure("down", "UNAVAILABLE"), usage_reply("z", 1, 1)]
@@ -255,7 +255,7 @@ def test_RT23_tracing_changes_nothing_the_agent_does_and_can_be_stopped() -> Non
     run(main)
 
 
-def test_RT23_an_allow_with_rewritten_content_is_still_an_allow() -> None:
+def test_RT29_an_allow_with_rewritten_content_is_still_an_allow() -> None:
     async def rewrite(submit: PromptSubmit, rest: Next[PromptDecision]) -> PromptDecision:
         content = freeze([{"type": "text", "text": "rewritten"}])
         assert isinstance(content, FrozenList)
@@ -274,7 +274,7 @@ def test_RT23_an_allow_with_rewritten_content_is_still_an_allow() -> None:
 
 
 @pytest.mark.parametrize("kind", ["max-tokens", "error"])
-def test_RT23_finish_reasons_follow_the_conventions(kind: str) -> None:
+def test_RT29_finish_reasons_follow_the_conventions(kind: str) -> None:
     finish: dict[str, Any] = {"type": "finish", "kind": kind}
     if kind == "error":
         finish["failure"] = {"message": "stream broke", "code": "STREAM_ERROR"}
@@ -309,7 +309,7 @@ class CountingProvider(NoOpTracerProvider):
         return Counting()
 
 
-def test_RT23_a_turn_that_does_not_record_costs_one_span() -> None:
+def test_RT29_a_turn_that_does_not_record_costs_one_span() -> None:
     """No SDK (or sampled out): the turn's span does not record, so its steps, requests
     and calls get no span of their own."""
     provider = CountingProvider()

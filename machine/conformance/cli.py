@@ -271,7 +271,7 @@ def check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
               file=err)
         return max(status, EXIT_USAGE)
     implementation = f"turnstile {__version__}"
-    # A bar on standard error when it is a terminal, nothing otherwise (RT21).
+    # A bar on standard error when it is a terminal, nothing otherwise (RT27).
     with progress_bar("turnstile check", len(selected), stream=err) as bar:
         def done(outcome: Outcome) -> None:
             bar.advance(text=outcome.vector.id)
@@ -443,7 +443,7 @@ def run_check(args: argparse.Namespace) -> int:
     try:
         return check(args, sys.stdout, sys.stderr)
     except BrokenPipeError:
-        raise                       # the reader went away: `turnstile` ends quietly (RT21)
+        raise                       # the reader went away: `turnstile` ends quietly (RT27)
     except Exception as error:  # a bug in turnstile: a message, never a traceback
         return _internal("check", error)
 
@@ -546,7 +546,7 @@ def run_verify_trace(args: argparse.Namespace) -> int:
     try:
         return verify(args, sys.stdout, sys.stderr)
     except BrokenPipeError:
-        raise                       # the reader went away: `turnstile` ends quietly (RT21)
+        raise                       # the reader went away: `turnstile` ends quietly (RT27)
     except Exception as error:
         return _internal("verify-trace", error)
 
@@ -598,6 +598,6 @@ def run_record(args: argparse.Namespace) -> int:
     try:
         return record(args, sys.stdout, sys.stderr)
     except BrokenPipeError:
-        raise                       # the reader went away: `turnstile` ends quietly (RT21)
+        raise                       # the reader went away: `turnstile` ends quietly (RT27)
     except Exception as error:
         return _internal("record", error)

@@ -2,7 +2,7 @@
 
 The runtime adds I/O and no semantics: it delivers the core's outputs to
 listeners synchronously, runs hooks, the model and tools as asyncio tasks, and
-feeds their results back (specs/runtime.md, rules RT1-RT23). Provider adapters are in
+feeds their results back (specs/runtime.md, rules RT1-RT29). Provider adapters are in
 `machine.runtime.adapters` (extras ``[openai]``, ``[anthropic]``).
 
 ::

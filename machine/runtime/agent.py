@@ -401,7 +401,7 @@ class Agent:
     def close_on_dispose(self, close: Callable[[], Awaitable[object]]) -> None:
         """Await ``close()`` once the agent is torn down, before its `dispose` awaitable
         completes (the last registered is closed first; an exception is logged at WARNING):
-        for what lives as long as the agent, such as an MCP server's connection (RT22)."""
+        for what lives as long as the agent, such as an MCP server's connection (RT28)."""
         if not callable(close):
             raise TypeError(f"close_on_dispose takes an async function, not {close!r}")
         self._closers.append(close)

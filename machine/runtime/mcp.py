@@ -1,5 +1,5 @@
 """Tools from MCP servers, through the official ``mcp`` SDK (extra ``[mcp]``; specs/runtime.md
-RT22).
+RT28).
 
 ::
 

@@ -1,4 +1,4 @@
-"""A small MCP server for examples and the README (extra ``[mcp]``; specs/runtime.md RT22):
+"""A small MCP server for examples and the README (extra ``[mcp]``; specs/runtime.md RT28):
 ``python -m machine.runtime.mcp_example`` serves its tools over standard input and output.
 
 It is written with the official SDK, as any MCP server an agent uses would be; its one tool

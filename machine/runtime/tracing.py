@@ -1,5 +1,5 @@
 """OpenTelemetry traces of an agent, through ``opentelemetry-api`` (extra ``[tracing]``;
-specs/runtime.md RT23).
+specs/runtime.md RT29).
 
 ::
 

@@ -192,7 +192,7 @@ def _with_target(args: argparse.Namespace, out: TextIO, body: _Body,
         print(f"{name}: {error} [{error.code}]", file=out)
         status = EXIT_INVALID
     except BrokenPipeError:
-        raise                       # the reader went away: `turnstile` ends quietly (RT21)
+        raise                       # the reader went away: `turnstile` ends quietly (RT27)
     except OSError as error:
         print(f"{name}: {error}", file=out)
         status = EXIT_USAGE
