@@ -21,10 +21,11 @@ This module gives you:
 synchronous scripted `Driver` and returns the driver (its ``outputs``,
 ``events`` and ``core``)::
 
-    from hypothesis import given
+    from hypothesis import HealthCheck, given, settings
     from machine.runtime import Block, Hooks
     from machine.testing import environment, interleavings, message_ids
 
+    @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(interleavings())
     def test_blocked_prompts_leave_no_trace(run):
         blocked = set()
@@ -41,7 +42,9 @@ synchronous scripted `Driver` and returns the driver (its ``outputs``,
         assert not blocked & message_ids(driver.core.log.events)
 
 Handlers run synchronously here: they may ``await asyncio.sleep(0)`` but must
-not wait for anything else (use the asyncio `Agent` for that). This module
+not wait for anything else (use the asyncio `Agent` for that). Each example runs the
+real core, whose speed depends on the machine: the settings above (no deadline, no
+``too_slow`` health check) keep a busy machine from failing the test. This module
 imports Hypothesis, an optional dependency: install the ``testing`` extra,
 ``pip install 'turnstile-agent[testing]'`` (importing it without Hypothesis
 raises an ImportError that says so). The library itself never imports it.
