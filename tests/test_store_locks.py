@@ -324,3 +324,25 @@ def test_S33_the_holder_line_names_the_holder_and_a_nameless_holder_is_said_so(
     with JsonlStore(root, fsync=False) as store:
         store.load("s1")
         store.append("s1", builder.user("more", plugin="p"))
+
+
+def test_S33_S22_log_repair_of_a_held_session_is_refused_and_log_show_reads_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`turnstile log repair` opens the session for writing: refused with the lock's
+    message (exit 1), nothing written; `log show` only reads and needs no lock."""
+    from machine.cli import main
+    root = tmp_path / "sessions"
+    holder = JsonlStore(root, fsync=False)
+    store_events(holder, "s1", OPEN)
+    path = root / "s1.jsonl"
+    before = path.read_bytes()
+    assert main(["log", "repair", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "session 's1' is open for writing in another store" in out
+    assert out.rstrip().endswith("[SESSION_LOCKED]")
+    assert path.read_bytes() == before
+    assert main(["log", "show", str(path)]) == 0
+    assert "a load would append" in capsys.readouterr().out
+    holder.close()
+    assert main(["log", "repair", str(path)]) == 0
+    assert path.read_bytes() != before
