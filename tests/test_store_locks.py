@@ -320,6 +320,7 @@ def test_S33_the_holder_line_names_the_holder_and_a_nameless_holder_is_said_so(
     with pytest.raises(SessionLockedError, match="a holder that has not named itself yet"):
         JsonlStore(root, fsync=False).load("s1")
     holder.close()
+    assert lock_file.read_bytes() == b""  # released: the line names no one any more
     builder = LogBuilder(BALANCED[:1])
     with JsonlStore(root, fsync=False) as store:
         store.load("s1")
@@ -346,3 +347,28 @@ def test_S33_S22_log_repair_of_a_held_session_is_refused_and_log_show_reads_it(
     holder.close()
     assert main(["log", "repair", str(path)]) == 0
     assert path.read_bytes() != before
+
+
+def test_S33_S11_a_failed_load_leaves_the_lock_file_as_it_found_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A strict load of a damaged session changes nothing stored, the lock file included:
+    the holder's line is emptied when the lock is given back (a regression: it was left
+    with the failed load's time, so a load a second later differed)."""
+    import itertools
+
+    from machine.store import filelock
+    taken = itertools.count()
+    monkeypatch.setattr(filelock, "holder_line", lambda: f"holder {next(taken)}\n".encode())
+    root = tmp_path / "sessions"
+    with JsonlStore(root, fsync=False) as store:
+        store_events(store, "s1", BALANCED)
+    path = root / "s1.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[4] = b"garbage\n"
+    path.write_bytes(b"".join(lines))
+    before = sorted((p.name, p.read_bytes()) for p in root.iterdir())
+    for _ in range(2):
+        with JsonlStore(root, fsync=False) as store, pytest.raises(DamageError):
+            store.load("s1")
+        assert sorted((p.name, p.read_bytes()) for p in root.iterdir()) == before
+    assert next(taken) == 3                 # each load took the lock and named itself

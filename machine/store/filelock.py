@@ -5,12 +5,14 @@ its own rather than the session's: creation and salvage move a new file into the
 place, and a lock on the old file would not hold the new one. The lock is the operating
 system's (``flock`` on POSIX, ``msvcrt.locking`` on Windows), so it goes with its holder: a
 process that exits or is killed holds nothing. The lock file holds one JSON line naming the
-holder (process id, host, program, since when) for the error another process gets; the file
+holder (process id, host, program, since when) for the error another process gets, emptied
+when the holder releases the lock (so a stale line never names the wrong holder); the file
 is never deleted, since a process may hold it open between another's unlink and create.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import json
@@ -96,9 +98,10 @@ def _holder_of(fd: int) -> str:
 class SessionLock:
     """A held lock of one session file (`acquire`); `release` gives it back."""
 
-    def __init__(self, path: Path, fd: int) -> None:
+    def __init__(self, path: Path, fd: int, *, writable: bool) -> None:
         self.path = path
         self._fd: int | None = fd
+        self._writable = writable
 
     @classmethod
     def acquire(cls, session_file: Path, *, wait: float = 0.0) -> SessionLock:
@@ -132,14 +135,18 @@ class SessionLock:
         except BaseException:
             os.close(fd)
             raise
-        return cls(path, fd)
+        return cls(path, fd, writable=writable)
 
     @property
     def held(self) -> bool:
         return self._fd is not None
 
     def release(self) -> None:
-        """Give the lock back (closing the file releases it). Idempotent."""
+        """Empty the holder's line and give the lock back (closing the file releases it).
+        Idempotent."""
         fd, self._fd = self._fd, None
         if fd is not None:
+            if self._writable:
+                with contextlib.suppress(OSError):  # a stale line only names no one
+                    os.ftruncate(fd, 0)
             os.close(fd)
