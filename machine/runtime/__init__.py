@@ -20,6 +20,7 @@ import warnings
 
 from machine.runtime.agent import ALL_EVENTS, Agent, DurableEventType, LiveEventType, MessageLike
 from machine.runtime.failures import AgentTimeoutError, ModelFailure, RaisedError, error_info
+from machine.runtime.fates import FateKind, MessageFate, Rejection, Route
 from machine.runtime.hooks import (
     Hooks,
     JsonValue,
@@ -53,6 +54,15 @@ from machine.runtime.retry import (
     RetryPolicy,
     retry_request,
     sleep_unless_aborted,
+)
+from machine.runtime.run import (
+    NoOutputError,
+    RunEvent,
+    RunOutcome,
+    RunResult,
+    RunStream,
+    Sent,
+    Usage,
 )
 from machine.runtime.signal import AbortError, Signal
 from machine.runtime.sink import InMemorySink, PersistentSession, SessionSink
@@ -92,6 +102,7 @@ __all__ = [
     "Chunk",
     "DurableEventType",
     "ErrorInfo",
+    "FateKind",
     "Hang",
     "Hooks",
     "InMemorySink",
@@ -99,15 +110,18 @@ __all__ = [
     "LiveEventType",
     "LlmFailure",
     "Message",
+    "MessageFate",
     "MessageLike",
     "ModelAdapter",
     "ModelCall",
     "ModelFailure",
     "Next",
+    "NoOutputError",
     "PersistentSession",
     "PromptDecision",
     "PromptSubmit",
     "RaisedError",
+    "Rejection",
     "Reply",
     "RequestContext",
     "RequestDraft",
@@ -115,7 +129,13 @@ __all__ = [
     "RequestPreparer",
     "RetryAction",
     "RetryPolicy",
+    "Route",
+    "RunEvent",
+    "RunOutcome",
+    "RunResult",
+    "RunStream",
     "ScriptedModel",
+    "Sent",
     "Serial",
     "SessionSink",
     "Signal",
@@ -129,6 +149,7 @@ __all__ = [
     "ToolResult",
     "TurnStopping",
     "Unsubscribe",
+    "Usage",
     "Waterfall",
     "calls_reply",
     "default_header",

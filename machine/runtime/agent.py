@@ -25,6 +25,7 @@ the loop resumes from there (rules RT1-RT7).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import warnings
@@ -38,21 +39,46 @@ from machine import events as ev
 from machine.core import AgentCore, CoreConfig
 from machine.errors import ProtocolError, ValidationError
 from machine.events import Event, LiveEvent
-from machine.io import MODEL, TICK, Control, Durable, Effect, Input, Live, Output
+from machine.io import (
+    MODEL,
+    PROMPT_SUBMIT,
+    TICK,
+    Append,
+    Control,
+    Dispose,
+    Durable,
+    Effect,
+    Input,
+    Live,
+    Output,
+    Send,
+)
 from machine.jsonvalue import FrozenDict, snapshot
 from machine.log import SessionLog
 from machine.runtime.environment import Environment, Immediate, SystemPrompt, Work
 from machine.runtime.failures import CANCELLED, EXITS, AgentTimeoutError, error_info
+from machine.runtime.fates import _DURABLE, _LIVE, FateLedger, MessageFate
 from machine.runtime.hooks import Hooks, JsonValue, Unsubscribe
 from machine.runtime.model import Chunk, ModelAdapter, ModelCall, RequestPreparer
 from machine.runtime.retry import RetryPolicy
+from machine.runtime.run import RunResult, RunStream, Sent, _RunTracker, result_of
 from machine.runtime.signal import Signal
 from machine.runtime.sink import InMemorySink, PersistentSession, SessionSink
 from machine.runtime.tools import Tool, ToolRegistry
 from machine.store.errors import SessionNotFoundError, UnreadableSessionError
 from machine.store.resume import check_readable
 from machine.store.types import LoadMode, LoadReport, SessionStore
-from machine.vocabulary import CancelCause, ErrorInfo, Message, Target, user_message
+from machine.vocabulary import (
+    FOLLOWUP,
+    INJECT,
+    STEER,
+    CancelCause,
+    ErrorInfo,
+    Message,
+    SendOptions,
+    Target,
+    user_message,
+)
 
 __all__ = ["ALL_EVENTS", "Agent", "DurableEventType", "LiveEventType", "MessageLike",
            "SystemPrompt"]
@@ -79,6 +105,8 @@ CauseLike: TypeAlias = "Literal['user', 'parent'] | CancelCause | Mapping[str, J
 
 #: Finished work waiting for the next pass: the core's completion method and its arguments.
 _Completion: TypeAlias = tuple[Callable[..., None], int, object]
+#: The effect kinds the fate ledger reads (RT26).
+_LEDGER_EFFECTS: Final = frozenset({PROMPT_SUBMIT, TICK})
 
 
 @dataclass(eq=False, slots=True)
@@ -189,6 +217,19 @@ class Agent:
         self._closers: list[Callable[[], Awaitable[object]]] = []
         self._append = self._env.sink.append      # the sink is fixed for the agent's life
         self._minted = 0
+        #: Every accepted message's fate, read off the outputs (RT26), and the runs (RT21):
+        #: those not ended yet, and the one whose chain is running.
+        self._ledger = ledger = FateLedger(core)
+        self._trackers: set[_RunTracker[Any]] = set()
+        self._chain: _RunTracker[Any] | None = None
+        self._durable_watch: dict[str, Callable[[Event], None]] = {
+            type_: functools.partial(handler, ledger) for type_, handler in _DURABLE.items()}
+        self._durable_watch[ev.TURN_START] = self._turn_started
+        self._live_watch: dict[str, Callable[[LiveEvent], None]] = {
+            type_: functools.partial(handler, ledger) for type_, handler in _LIVE.items()}
+        self._live_watch[ev.SETTLED] = self._settled
+        self._live_watch[ev.AGENT_DISPOSED] = self._torn_down
+        self._live_watch[ev.ERROR] = self._agent_error
         #: What `resume` found when it loaded the session (None: not resumed from a store).
         self.load_report: LoadReport | None = None
         #: How a tick is resolved: by default on the next pass of the event loop.
@@ -320,31 +361,52 @@ class Agent:
     # Commands (never block; each has fully taken effect when it returns)
     # ------------------------------------------------------------------
 
-    def send(self, message: MessageLike, *, target: Target, wakeup: bool) -> None:
-        """Route *message* (reference §5): ``target`` ``next-turn`` or ``next-step``."""
+    def send(self, message: MessageLike, *, target: Target, wakeup: bool) -> Sent:
+        """Route *message* (reference §5): ``target`` ``next-turn`` or ``next-step``.
+        Returns the accepted message's `Sent` (its id and fate, RT26)."""
         self._bind()
-        self._core.send(self._message(message), {"target": target, "wakeup": wakeup})
-        self._commanded()
+        given = self._message(message)
+        window, seq = self._core.accepts_next_step, len(self._core.log)
+        self._core.send(given, {"target": target, "wakeup": wakeup})
+        return self._accepted(given, SendOptions(target, wakeup), window, seq)
 
-    def followup(self, message: MessageLike) -> None:
+    def followup(self, message: MessageLike) -> Sent:
         """``send(target='next-turn', wakeup=True)``: a prompt of its own turn."""
         self._bind()
-        self._core.followup(self._message(message))
-        self._commanded()
+        given = self._message(message)
+        self._core.followup(given)
+        return self._accepted(given, FOLLOWUP, False, 0)
 
-    def steer(self, message: MessageLike) -> None:
+    def steer(self, message: MessageLike) -> Sent:
         """``send(target='next-step', wakeup=True)``: steering if the window is open, else a
         queued prompt."""
         self._bind()
-        self._core.steer(self._message(message))
-        self._commanded()
+        given = self._message(message)
+        window = self._core.accepts_next_step
+        self._core.steer(given)
+        return self._accepted(given, STEER, window, 0)
 
-    def inject(self, message: MessageLike) -> None:
+    def inject(self, message: MessageLike) -> Sent:
         """``send(target='next-step', wakeup=False)``: staged context if the window is open,
         else appended at once (no turn)."""
         self._bind()
-        self._core.inject(self._message(message))
+        given = self._message(message)
+        window, seq = self._core.accepts_next_step, len(self._core.log)
+        self._core.inject(given)
+        return self._accepted(given, INJECT, window, seq)
+
+    def _accepted(self, message: Message | Mapping[str, JsonValue], options: SendOptions,
+                  window: bool, seq: int) -> Sent:
+        """The core accepted *message* (routed against *window*; an inject with the window
+        closed appended it at *seq*): its fate is followed from here (RT26), then its
+        outputs are delivered."""
+        raw_id = message.id if isinstance(message, Message) else message["id"]
+        message_id = str.__str__(raw_id) if isinstance(raw_id, str) else str(raw_id)
+        entry = self._ledger.accept(message_id, options, window, seq)
         self._commanded()
+        loop = self._loop
+        assert loop is not None
+        return Sent(entry, loop)
 
     def cancel(self, cause: CauseLike = "user", keep_inbox: bool = False) -> None:
         """Cancel the current activity (and, unless *keep_inbox*, what is pending).
@@ -367,13 +429,24 @@ class Agent:
         event = self._core.append(type, data, surface_op=surface_op,
                                   source_event_seqs=None if source_event_seqs is None
                                   else list(source_event_seqs), ignorable=ignorable)
+        self._ledger.direct_append(event.seq)
         self._commanded()
         return event
 
     def _feed(self, item: Input) -> None:
         """Apply a command given as data (rule P9), exactly as the command methods do."""
         self._bind()
-        self._core.feed(item)
+        core = self._core
+        window, seq = core.accepts_next_step, len(core.log)
+        if isinstance(item, Dispose):
+            self._ledger.dispose_requested()
+        core.feed(item)
+        if isinstance(item, Send):
+            message = Message.from_json(snapshot(item.message))
+            self._ledger.accept(message.id, SendOptions.from_json(snapshot(item.options)),
+                                window, seq)
+        elif isinstance(item, Append):
+            self._ledger.direct_append(seq)
         self._commanded()
 
     def dispose(self, *, timeout: float | None = None) -> Awaitable[None]:
@@ -393,6 +466,7 @@ class Agent:
             return done
         waiter: asyncio.Future[None] = loop.create_future()
         self._dispose_waiters.append(waiter)
+        self._ledger.dispose_requested()
         self._core.dispose()
         self._commanded()
         self._settle_waiters()
@@ -433,6 +507,95 @@ class Agent:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         await self.dispose()
+
+    # ------------------------------------------------------------------
+    # Runs (RT21) and fates (RT26)
+    # ------------------------------------------------------------------
+
+    async def run(self, prompt: MessageLike) -> RunResult[str]:
+        """Send *prompt* as a follow-up and return what it came to once its run has ended:
+        its turn and the retry turns of its chain, or its admission's rejection, or its
+        discard (RT21). Cancelling the awaiting task does not cancel the turn
+        (``agent.cancel()`` does). Never awaited from the agent's own work."""
+        return await self._start_run(prompt, streaming=False).done
+
+    def stream(self, prompt: MessageLike) -> RunStream[str]:
+        """Send *prompt* as a follow-up and return its `RunStream`: ``async for event in
+        stream`` yields the run's durable events and the notifications delivered while it
+        runs, in order, until it has ended; ``await stream.result()`` is its `RunResult`."""
+        return RunStream(self._start_run(prompt, streaming=True))
+
+    def _start_run(self, prompt: MessageLike, *, streaming: bool) -> _RunTracker[Any]:
+        sent = self.followup(prompt)
+        entry = sent._entry
+        loop = self._loop
+        assert loop is not None
+
+        def finish(tracker: _RunTracker[Any]) -> RunResult[Any]:
+            self._trackers.discard(tracker)
+            return result_of(tracker, structured=False)
+
+        tracker: _RunTracker[Any] = _RunTracker(entry, loop, streaming=streaming,
+                                                finish=finish)
+        entry.run = tracker
+        self._trackers.add(tracker)
+
+        def decided(fate: MessageFate) -> None:
+            if fate.kind != "delivered" and not tracker.turns:
+                tracker.end()       # blocked, rejected or discarded: no turn ran
+        entry.on_final(decided)
+        return tracker
+
+    def fate(self, message_id: str) -> MessageFate | None:
+        """The fate of the latest accepted message with this id (RT26): ``pending`` until
+        decided; None if no such message was accepted (or it was decided long ago)."""
+        return self._ledger.fate(message_id)
+
+    def fates(self, message_id: str | None = None) -> tuple[MessageFate, ...]:
+        """The fates of every remembered accepted message (with this id), oldest first."""
+        return self._ledger.fates(message_id)
+
+    def _turn_started(self, event: Event) -> None:
+        ledger = self._ledger
+        ledger._turn_start(event)
+        trigger = event.data.get("trigger")
+        kind = trigger.get("kind") if isinstance(trigger, FrozenDict) else None
+        if kind == "retry":                     # R13.3: the chain goes on
+            if self._chain is not None:
+                self._chain.turn_started(event)
+            return
+        if self._chain is not None:             # never expected: a chain without settled
+            self._end_chain()
+        admitted = ledger.admitted
+        tracker = admitted.run if admitted is not None else None
+        if isinstance(tracker, _RunTracker):
+            self._chain = tracker
+            tracker.turn_started(event)
+
+    def _settled(self, event: LiveEvent) -> None:
+        """``agent/settled``: the chain's last turn is closed and flushed (R12.5)."""
+        chain = self._chain
+        if chain is not None:
+            chain.live(event)
+            self._end_chain()
+
+    def _end_chain(self) -> None:
+        chain, self._chain = self._chain, None
+        if chain is not None:
+            chain.end()
+
+    def _torn_down(self, event: LiveEvent) -> None:
+        self._ledger._disposed(event)
+        self._end_runs()
+
+    def _agent_error(self, event: LiveEvent) -> None:
+        if self._core.failure is not None:     # P16: the core stopped; no run goes on
+            self._end_runs()
+
+    def _end_runs(self) -> None:
+        self._end_chain()
+        for tracker in list(self._trackers):
+            tracker.end()
 
     # ------------------------------------------------------------------
     # Subscriptions
@@ -626,6 +789,12 @@ class Agent:
                 self._append(event)
             except BaseException as exc:
                 self._contain(exc, f"session sink append of {_describe(output)}")
+            watch = self._durable_watch.get(event.type)
+            if watch is not None:
+                watch(event)
+            chain = self._chain
+            if chain is not None:
+                chain.durable(event)
             subs = self._durable_routes.get(event.type)
             if subs is None:
                 subs = self._route(event.type, True)
@@ -636,6 +805,12 @@ class Agent:
             live = output.event
             if live.type == ev.WARNING:
                 LOGGER.warning("agent warning: %s", live.payload.get("text", ""))
+            live_watch = self._live_watch.get(live.type)
+            if live_watch is not None:
+                live_watch(live)
+            chain = self._chain
+            if chain is not None:
+                chain.live(live)
             subs = self._live_routes.get(live.type)
             if subs is None:
                 subs = self._route(live.type, False)
@@ -643,6 +818,8 @@ class Agent:
                 self._notify(subs, output, live)
         elif kind is Effect:
             assert isinstance(output, Effect)
+            if output.kind in _LEDGER_EFFECTS:
+                self._ledger.effect(output)
             subs = self._observers
             if subs is None:
                 subs = self._route(None, False)
@@ -652,6 +829,7 @@ class Agent:
         else:
             assert isinstance(output, Control)
             if output.kind == "abort":
+                self._ledger.abort(output.payload)
                 signal = self._signal(_int(output.payload, "signal"))
                 try:
                     signal._abort(CancelCause.from_json(output.payload["reason"],
@@ -698,7 +876,10 @@ class Agent:
             return
         if kind == "raise":
             assert isinstance(value, ErrorInfo)
-        self._ready.append((self._completers[kind], effect_id, snapshot(value)))
+        value = snapshot(value)
+        if self._ledger.watches(effect_id):          # why a prompt is rejected (RT26)
+            self._ledger.completion(effect_id, kind, value)
+        self._ready.append((self._completers[kind], effect_id, value))
         if not self._scheduled:
             self._schedule_pump()
 
