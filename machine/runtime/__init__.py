@@ -18,7 +18,15 @@ from __future__ import annotations
 
 import warnings
 
-from machine.runtime.agent import ALL_EVENTS, Agent, DurableEventType, LiveEventType, MessageLike
+from machine.runtime.agent import (
+    ALL_EVENTS,
+    Agent,
+    DurableEventType,
+    LiveEventType,
+    MessageLike,
+    OutputMode,
+)
+from machine.runtime.control import OutputInvalidError
 from machine.runtime.failures import AgentTimeoutError, ModelFailure, RaisedError, error_info
 from machine.runtime.fates import FateKind, MessageFate, Rejection, Route
 from machine.runtime.hooks import (
@@ -43,6 +51,7 @@ from machine.runtime.model import (
     RequestDraft,
     RequestPreparer,
     ScriptedModel,
+    StructuredOutput,
     calls_reply,
     default_header,
     text_reply,
@@ -57,6 +66,7 @@ from machine.runtime.retry import (
 )
 from machine.runtime.run import (
     NoOutputError,
+    OutputValidationError,
     RunEvent,
     RunOutcome,
     RunResult,
@@ -117,6 +127,9 @@ __all__ = [
     "ModelFailure",
     "Next",
     "NoOutputError",
+    "OutputInvalidError",
+    "OutputMode",
+    "OutputValidationError",
     "PersistentSession",
     "PromptDecision",
     "PromptSubmit",
@@ -140,6 +153,7 @@ __all__ = [
     "SessionSink",
     "Signal",
     "StepContext",
+    "StructuredOutput",
     "Tool",
     "ToolArgumentError",
     "ToolCall",

@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Literal, TypeAlias, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar, overload
 
 from machine import events as ev
 from machine.core import AgentCore, CoreConfig
@@ -55,11 +55,18 @@ from machine.io import (
 )
 from machine.jsonvalue import FrozenDict, snapshot
 from machine.log import SessionLog
+from machine.runtime.control import RunControl
 from machine.runtime.environment import Environment, Immediate, SystemPrompt, Work
 from machine.runtime.failures import CANCELLED, EXITS, AgentTimeoutError, error_info
 from machine.runtime.fates import _DURABLE, _LIVE, FateLedger, MessageFate
 from machine.runtime.hooks import Hooks, JsonValue, Unsubscribe
-from machine.runtime.model import Chunk, ModelAdapter, ModelCall, RequestPreparer
+from machine.runtime.model import (
+    Chunk,
+    ModelAdapter,
+    ModelCall,
+    RequestPreparer,
+    StructuredOutput,
+)
 from machine.runtime.retry import RetryPolicy
 from machine.runtime.run import RunResult, RunStream, Sent, _RunTracker, result_of
 from machine.runtime.signal import Signal
@@ -80,8 +87,16 @@ from machine.vocabulary import (
     user_message,
 )
 
+if TYPE_CHECKING:
+    from machine.runtime.typed import OutputSpec
+
 __all__ = ["ALL_EVENTS", "Agent", "DurableEventType", "LiveEventType", "MessageLike",
-           "SystemPrompt"]
+           "OutputMode", "SystemPrompt"]
+
+OutputT = TypeVar("OutputT")
+#: How a run's structured output reaches the model (RT23): the provider's native structured
+#: output when the adapter has it, else a final-answer tool (``auto``), or one of them.
+OutputMode: TypeAlias = Literal["auto", "native", "tool"]
 
 LOGGER: Final = logging.getLogger("turnstile")
 
@@ -512,20 +527,60 @@ class Agent:
     # Runs (RT21) and fates (RT26)
     # ------------------------------------------------------------------
 
-    async def run(self, prompt: MessageLike) -> RunResult[str]:
+    @overload
+    async def run(self, prompt: MessageLike, *, output_type: None = None,
+                  output_retries: int = 2, output_name: str = "final_result",
+                  output_mode: OutputMode = "auto") -> RunResult[str]: ...
+
+    @overload
+    async def run(self, prompt: MessageLike, *, output_type: type[OutputT],
+                  output_retries: int = 2, output_name: str = "final_result",
+                  output_mode: OutputMode = "auto") -> RunResult[OutputT]: ...
+
+    async def run(self, prompt: MessageLike, *, output_type: type[Any] | None = None,
+                  output_retries: int = 2, output_name: str = "final_result",
+                  output_mode: OutputMode = "auto") -> RunResult[Any]:
         """Send *prompt* as a follow-up and return what it came to once its run has ended:
         its turn and the retry turns of its chain, or its admission's rejection, or its
         discard (RT21). Cancelling the awaiting task does not cancel the turn
-        (``agent.cancel()`` does). Never awaited from the agent's own work."""
-        return await self._start_run(prompt, streaming=False).done
+        (``agent.cancel()`` does). Never awaited from the agent's own work.
 
-    def stream(self, prompt: MessageLike) -> RunStream[str]:
+        With *output_type* (a pydantic model, a dataclass, a TypedDict or any type pydantic
+        describes; the ``[typed]`` extra) the run's output is that type's validated value
+        (RT23): through the provider's native structured output when the adapter has it
+        (``output_mode`` ``auto`` or ``native``), else through a final-answer tool named
+        *output_name* (``tool``); an invalid answer is re-asked at most *output_retries*
+        times, then the turn ends ``OUTPUT_INVALID`` and ``result.output`` raises
+        `OutputValidationError`."""
+        tracker = self._start_run(prompt, False, output_type, output_retries, output_name,
+                                  output_mode)
+        return await tracker.done
+
+    @overload
+    def stream(self, prompt: MessageLike, *, output_type: None = None,
+               output_retries: int = 2, output_name: str = "final_result",
+               output_mode: OutputMode = "auto") -> RunStream[str]: ...
+
+    @overload
+    def stream(self, prompt: MessageLike, *, output_type: type[OutputT],
+               output_retries: int = 2, output_name: str = "final_result",
+               output_mode: OutputMode = "auto") -> RunStream[OutputT]: ...
+
+    def stream(self, prompt: MessageLike, *, output_type: type[Any] | None = None,
+               output_retries: int = 2, output_name: str = "final_result",
+               output_mode: OutputMode = "auto") -> RunStream[Any]:
         """Send *prompt* as a follow-up and return its `RunStream`: ``async for event in
         stream`` yields the run's durable events and the notifications delivered while it
-        runs, in order, until it has ended; ``await stream.result()`` is its `RunResult`."""
-        return RunStream(self._start_run(prompt, streaming=True))
+        runs, in order, until it has ended; ``await stream.result()`` is its `RunResult`.
+        The options are `run`'s."""
+        return RunStream(self._start_run(prompt, True, output_type, output_retries,
+                                         output_name, output_mode))
 
-    def _start_run(self, prompt: MessageLike, *, streaming: bool) -> _RunTracker[Any]:
+    def _start_run(self, prompt: MessageLike, streaming: bool, output_type: type[Any] | None,
+                   output_retries: int, output_name: str, output_mode: OutputMode
+                   ) -> _RunTracker[Any]:
+        self._bind()
+        spec, native = self._output(output_type, output_retries, output_name, output_mode)
         sent = self.followup(prompt)
         entry = sent._entry
         loop = self._loop
@@ -533,10 +588,12 @@ class Agent:
 
         def finish(tracker: _RunTracker[Any]) -> RunResult[Any]:
             self._trackers.discard(tracker)
-            return result_of(tracker, structured=False)
+            return result_of(tracker, structured=spec is not None)
 
         tracker: _RunTracker[Any] = _RunTracker(entry, loop, streaming=streaming,
                                                 finish=finish)
+        if spec is not None:
+            tracker.control = RunControl(tracker, spec, native, output_retries, self.steer)
         entry.run = tracker
         self._trackers.add(tracker)
 
@@ -545,6 +602,30 @@ class Agent:
                 tracker.end()       # blocked, rejected or discarded: no turn ran
         entry.on_final(decided)
         return tracker
+
+    def _output(self, output_type: type[Any] | None, retries: int, name: str,
+                mode: OutputMode) -> tuple[OutputSpec[Any] | None, Mapping[str, JsonValue] | None]:
+        """The run's structured output (RT23): its spec and the adapter's native options
+        (None: the final-answer tool). Checked before anything is sent."""
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValidationError("output_retries", f"must be a non-negative integer, not "
+                                  f"{retries!r}")
+        if mode not in ("auto", "native", "tool"):
+            raise ValidationError("output_mode", f"{mode!r} is not 'auto', 'native' or 'tool'")
+        if output_type is None:
+            return None, None
+        from machine.runtime.typed import OutputSpec  # the [typed] extra
+        spec = OutputSpec(output_type, name=name)
+        native: Mapping[str, JsonValue] | None = None
+        if mode != "tool" and isinstance(self._model, StructuredOutput):
+            native = self._model.output_options(spec.schema, spec.name, spec.description)
+        if mode == "native" and native is None:
+            raise ValidationError("output_mode", "the model adapter takes no native structured "
+                                  f"output for {output_type!r}")
+        if native is None and name in self.tools:
+            raise ValidationError("output_name", f"{name!r} is the name of one of the agent's "
+                                  "tools: the final-answer tool needs a name of its own")
+        return spec, native
 
     def fate(self, message_id: str) -> MessageFate | None:
         """The fate of the latest accepted message with this id (RT26): ``pending`` until
@@ -571,6 +652,8 @@ class Agent:
         if isinstance(tracker, _RunTracker):
             self._chain = tracker
             tracker.turn_started(event)
+            control = tracker.control
+            self._env.control = control if isinstance(control, RunControl) else None
 
     def _settled(self, event: LiveEvent) -> None:
         """``agent/settled``: the chain's last turn is closed and flushed (R12.5)."""
@@ -581,6 +664,7 @@ class Agent:
 
     def _end_chain(self) -> None:
         chain, self._chain = self._chain, None
+        self._env.control = None
         if chain is not None:
             chain.end()
 

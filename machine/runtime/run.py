@@ -22,8 +22,8 @@ from machine.jsonvalue import Frozen, FrozenDict
 from machine.runtime.fates import MessageFate, _Entry
 from machine.vocabulary import Message, TurnEndReason
 
-__all__ = ["NoOutputError", "RunEvent", "RunOutcome", "RunResult", "RunStream", "Sent",
-           "Usage"]
+__all__ = ["NoOutputError", "OutputValidationError", "RunEvent", "RunOutcome", "RunResult",
+           "RunStream", "Sent", "Usage"]
 
 OutputT = TypeVar("OutputT")
 
@@ -97,6 +97,18 @@ class NoOutputError(TurnstileError):
         self.result = result
 
 
+class OutputValidationError(NoOutputError):
+    """`RunResult.output` of a run whose structured output never validated (RT23):
+    ``problems`` are the validation failures, oldest first."""
+
+    code = "OUTPUT_INVALID"
+
+    def __init__(self, message: str, result: RunResult[object], problems: tuple[str, ...]
+                 ) -> None:
+        super().__init__(message, result)
+        self.problems = problems
+
+
 _Unset: Final = object()
 
 
@@ -135,6 +147,7 @@ class RunResult(Generic[OutputT]):
     reason: TurnEndReason | None = None
     output_error: str | None = None
     output_code: str | None = None
+    output_problems: tuple[str, ...] = ()
     _output: object = field(default=_Unset, repr=False)
 
     @property
@@ -159,10 +172,14 @@ class RunResult(Generic[OutputT]):
 
     @property
     def output(self) -> OutputT:
-        """The run's output (see the class docstring); `NoOutputError` when it has none."""
+        """The run's output (see the class docstring); `NoOutputError` when it has none
+        (`OutputValidationError` when its structured output never validated)."""
         if self._output is _Unset:
-            raise NoOutputError(self.output_error or f"the run ended {self.outcome}",
-                                self, code=self.output_code)         # type: ignore[arg-type]
+            message = self.output_error or f"the run ended {self.outcome}"
+            if self.outcome == "invalid-output":
+                raise OutputValidationError(message, self,              # type: ignore[arg-type]
+                                            self.output_problems)
+            raise NoOutputError(message, self, code=self.output_code)   # type: ignore[arg-type]
         return self._output    # type: ignore[return-value]
 
 
@@ -276,9 +293,21 @@ class _RunTracker(Generic[OutputT]):
         self._loop = loop
         self._finish = finish
         self.active = False
+        #: The text of the current turn's last assistant message (RT23 validates it).
+        self.last_text: str | None = None
         #: Set by structured output (RT23): the validated value, or why there is none.
         self.output: object = _Unset
         self.output_error: str | None = None
+        self.output_problems: tuple[str, ...] = ()
+        #: What the run adds to its turns (RT23, RT24), if anything.
+        self.control: object = None
+
+    @property
+    def has_output(self) -> bool:
+        return self.output is not _Unset
+
+    def set_output(self, value: object) -> None:
+        self.output = value
 
     # -- fed by the agent's delivery --------------------------------------------------
 
@@ -287,10 +316,14 @@ class _RunTracker(Generic[OutputT]):
         if type(turn) is int:
             self.turns.append(turn)
         self.active = True
+        self.last_text = None
 
     def durable(self, event: Event) -> None:
         self.events.append(event)
-        if event.type == ev.TURN_END:
+        if event.type == ev.ASSISTANT_MESSAGE:
+            message = event.message
+            self.last_text = message.text if message is not None else None
+        elif event.type == ev.TURN_END:
             reason = event.data.get("reason")
             try:
                 self.reason = TurnEndReason.from_json(reason)
@@ -358,14 +391,17 @@ def result_of(tracker: _RunTracker[OutputT], *, structured: bool) -> RunResult[O
     turns = tuple(tracker.turns)
     if outcome not in ("completed", "max-tokens"):
         why = reason_text(reason) if reason is not None else "the turn never ended"
+        if outcome == "invalid-output" and tracker.output_error:
+            why = tracker.output_error
         return RunResult(tracker.prompt_id, outcome, fate, turns, events, usage, text, reason,
                          why, reason.code if reason is not None and reason.code
-                         else "RUN_" + outcome.upper().replace("-", "_"))
+                         else "RUN_" + outcome.upper().replace("-", "_"),
+                         tracker.output_problems)
     if structured:
         if tracker.output is _Unset:
             return RunResult(tracker.prompt_id, "invalid-output", fate, turns, events, usage,
-                             text, reason, tracker.output_error or "no structured output",
-                             OUTPUT_CODE)
+                             text, reason, tracker.output_error or "the run gave no structured "
+                             "output", OUTPUT_CODE, tracker.output_problems)
         return RunResult(tracker.prompt_id, outcome, fate, turns, events, usage, text, reason,
                          _output=tracker.output)
     return RunResult(tracker.prompt_id, outcome, fate, turns, events, usage, text, reason,

@@ -28,12 +28,13 @@ its validation. The core never imports this module.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import re
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from machine.runtime.hooks import JsonValue
 from machine.runtime.tools import Tool, ToolArgumentError, ToolCall, ToolMode, ToolOutput
@@ -46,7 +47,7 @@ except ImportError as missing:                # pragma: no cover - the extra is 
     raise ImportError("typed tools and structured output need pydantic: "
                       "pip install 'turnstile-agent[typed]'") from missing
 
-__all__ = ["ToolSignature", "parse_docstring", "problems_text", "typed_tool"]
+__all__ = ["OutputSpec", "ToolSignature", "parse_docstring", "problems_text", "typed_tool"]
 
 T = TypeVar("T")
 
@@ -296,3 +297,69 @@ def typed_tool(function: Callable[..., object], *, name: str | None = None,
     return Tool(tool_name, run, mode,
                 description if description is not None else signature.description,
                 signature.schema, validate_arguments=signature.validate, **options)
+
+
+class OutputSpec(Generic[T]):
+    """The structured output of a run (RT23): the JSON Schema of *output_type* and its
+    validation. A type whose schema is not an object (``int``, ``list[str]``, a union) is
+    wrapped in ``{"result": ...}``, since both the final-answer tool's parameters and the
+    providers' structured output formats are objects. *name* names the final-answer tool
+    and the provider's format."""
+
+    def __init__(self, output_type: type[T], *, name: str = "final_result",
+                 description: str | None = None) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+            raise ValueError(f"output name {name!r}: 1 to 64 letters, digits, '_' or '-'")
+        self.output_type = output_type
+        self.name = name
+        try:
+            self.adapter: pydantic.TypeAdapter[T] = pydantic.TypeAdapter(output_type)
+            raw = self.adapter.json_schema()
+        except (pydantic.PydanticSchemaGenerationError, pydantic.PydanticUserError) as error:
+            raise TypeError(f"output_type {output_type!r} cannot be described as JSON "
+                            f"Schema: {error}") from error
+        schema = _clean(raw)
+        assert isinstance(schema, dict)
+        self.wrapped = schema.get("type") != "object"
+        if self.wrapped:
+            defs = schema.pop("$defs", None)
+            schema = {"type": "object", "properties": {"result": schema},
+                      "required": ["result"], "additionalProperties": False}
+            if defs is not None:
+                schema["$defs"] = defs
+        self.schema: dict[str, JsonValue] = schema
+        doc = description
+        if doc is None and (dataclasses.is_dataclass(output_type) or (
+                isinstance(output_type, type) and issubclass(output_type, pydantic.BaseModel))):
+            doc = parse_docstring(getattr(output_type, "__doc__", None))[0]
+        self.description = doc or "The final answer, in the required structure."
+
+    def validate_arguments(self, arguments: JsonValue) -> T:
+        """The final-answer tool's arguments as the output; `ToolArgumentError` naming
+        every problem."""
+        if not isinstance(arguments, Mapping):
+            raise ToolArgumentError("arguments", "must be a JSON object, not "
+                                    f"{type(arguments).__name__} {_shown(arguments)}")
+        return self._validate(dict(arguments))
+
+    def validate_text(self, text: str) -> T:
+        """A provider's structured-output text as the output: JSON first, then the type."""
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ToolArgumentError("output", f"is not JSON: {error.msg} at character "
+                                    f"{error.pos} (got {_shown(text)})") from None
+        if not isinstance(value, dict):
+            raise ToolArgumentError("output", f"must be a JSON object, not {_shown(value)}")
+        return self._validate(value)
+
+    def _validate(self, value: dict[str, object]) -> T:
+        try:
+            if self.wrapped:
+                if set(value) != {"result"}:
+                    raise ToolArgumentError("output", "must be {\"result\": ...}, not "
+                                            f"{_shown(value)}")
+                return self.adapter.validate_python(value["result"])
+            return self.adapter.validate_python(value)
+        except pydantic.ValidationError as error:
+            raise ToolArgumentError("output", problems_text(error)) from None
