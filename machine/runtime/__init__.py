@@ -26,7 +26,7 @@ from machine.runtime.agent import (
     MessageLike,
     OutputMode,
 )
-from machine.runtime.control import OutputInvalidError
+from machine.runtime.control import LimitExceededError, Limits, OutputInvalidError
 from machine.runtime.failures import AgentTimeoutError, ModelFailure, RaisedError, error_info
 from machine.runtime.fates import FateKind, MessageFate, Rejection, Route
 from machine.runtime.hooks import (
@@ -117,6 +117,8 @@ __all__ = [
     "Hooks",
     "InMemorySink",
     "JsonValue",
+    "LimitExceededError",
+    "Limits",
     "LiveEventType",
     "LlmFailure",
     "Message",

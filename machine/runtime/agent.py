@@ -55,7 +55,7 @@ from machine.io import (
 )
 from machine.jsonvalue import FrozenDict, snapshot
 from machine.log import SessionLog
-from machine.runtime.control import RunControl
+from machine.runtime.control import Limits, RunControl
 from machine.runtime.environment import Environment, Immediate, SystemPrompt, Work
 from machine.runtime.failures import CANCELLED, EXITS, AgentTimeoutError, error_info
 from machine.runtime.fates import _DURABLE, _LIVE, FateLedger, MessageFate
@@ -177,7 +177,7 @@ class Agent:
                  session_start: Literal["startup", "resume"] = "startup", publish: bool = True,
                  clock: Callable[[], float] | None = None,
                  retry_policy: RetryPolicy | None = None,
-                 store: SessionSink | None = None) -> None:
+                 store: SessionSink | None = None, limits: Limits | None = None) -> None:
         if store is not None:
             warnings.warn("Agent(store=...) is deprecated: pass sink=...", DeprecationWarning,
                           stacklevel=2)
@@ -185,6 +185,10 @@ class Agent:
                 raise TypeError("Agent() takes sink= or the deprecated store=, not both")
             sink = store
         self._model = model
+        if limits is not None and not isinstance(limits, Limits):
+            raise TypeError(f"limits must be a Limits, not {type(limits).__name__}")
+        #: The limits of every turn (RT24); a run's own limits override them field by field.
+        self.limits = limits
         registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
         if retry_policy is None:
             offered = getattr(model, "retry_policy", None)
@@ -245,6 +249,7 @@ class Agent:
         self._live_watch[ev.SETTLED] = self._settled
         self._live_watch[ev.AGENT_DISPOSED] = self._torn_down
         self._live_watch[ev.ERROR] = self._agent_error
+        self._durable_watch[ev.ASSISTANT_MESSAGE] = self._assistant_message
         #: What `resume` found when it loaded the session (None: not resumed from a store).
         self.load_report: LoadReport | None = None
         #: How a tick is resolved: by default on the next pass of the event loop.
@@ -258,7 +263,8 @@ class Agent:
                request_options: Mapping[str, JsonValue] | None = None,
                max_parallel_tool_calls: int = 10, publish: bool = True,
                clock: Callable[[], float] | None = None,
-               retry_policy: RetryPolicy | None = None, reads: Iterable[str] = ()) -> Agent:
+               retry_policy: RetryPolicy | None = None, reads: Iterable[str] = (),
+               limits: Limits | None = None) -> Agent:
         """An agent that continues the stored session *session_id* of *store* (RT17).
 
         The session is loaded in *mode* (``strict`` raises `DamageError` on damage;
@@ -296,7 +302,7 @@ class Agent:
                     max_parallel_tool_calls=max_parallel_tool_calls,
                     sink=PersistentSession(store, session_id, release=True), session=log,
                     session_start="startup" if log is None else "resume", publish=publish,
-                    clock=clock, retry_policy=retry_policy)
+                    clock=clock, retry_policy=retry_policy, limits=limits)
         agent.load_report = report
         return agent
 
@@ -530,16 +536,19 @@ class Agent:
     @overload
     async def run(self, prompt: MessageLike, *, output_type: None = None,
                   output_retries: int = 2, output_name: str = "final_result",
-                  output_mode: OutputMode = "auto") -> RunResult[str]: ...
+                  output_mode: OutputMode = "auto", limits: Limits | None = None
+                  ) -> RunResult[str]: ...
 
     @overload
     async def run(self, prompt: MessageLike, *, output_type: type[OutputT],
                   output_retries: int = 2, output_name: str = "final_result",
-                  output_mode: OutputMode = "auto") -> RunResult[OutputT]: ...
+                  output_mode: OutputMode = "auto", limits: Limits | None = None
+                  ) -> RunResult[OutputT]: ...
 
     async def run(self, prompt: MessageLike, *, output_type: type[Any] | None = None,
                   output_retries: int = 2, output_name: str = "final_result",
-                  output_mode: OutputMode = "auto") -> RunResult[Any]:
+                  output_mode: OutputMode = "auto", limits: Limits | None = None
+                  ) -> RunResult[Any]:
         """Send *prompt* as a follow-up and return what it came to once its run has ended:
         its turn and the retry turns of its chain, or its admission's rejection, or its
         discard (RT21). Cancelling the awaiting task does not cancel the turn
@@ -551,36 +560,44 @@ class Agent:
         (``output_mode`` ``auto`` or ``native``), else through a final-answer tool named
         *output_name* (``tool``); an invalid answer is re-asked at most *output_retries*
         times, then the turn ends ``OUTPUT_INVALID`` and ``result.output`` raises
-        `OutputValidationError`."""
+        `OutputValidationError`.
+
+        *limits* bound the run's turns (RT24); a field left None is the agent's."""
         tracker = self._start_run(prompt, False, output_type, output_retries, output_name,
-                                  output_mode)
+                                  output_mode, limits)
         return await tracker.done
 
     @overload
     def stream(self, prompt: MessageLike, *, output_type: None = None,
                output_retries: int = 2, output_name: str = "final_result",
-               output_mode: OutputMode = "auto") -> RunStream[str]: ...
+               output_mode: OutputMode = "auto", limits: Limits | None = None
+               ) -> RunStream[str]: ...
 
     @overload
     def stream(self, prompt: MessageLike, *, output_type: type[OutputT],
                output_retries: int = 2, output_name: str = "final_result",
-               output_mode: OutputMode = "auto") -> RunStream[OutputT]: ...
+               output_mode: OutputMode = "auto", limits: Limits | None = None
+               ) -> RunStream[OutputT]: ...
 
     def stream(self, prompt: MessageLike, *, output_type: type[Any] | None = None,
                output_retries: int = 2, output_name: str = "final_result",
-               output_mode: OutputMode = "auto") -> RunStream[Any]:
+               output_mode: OutputMode = "auto", limits: Limits | None = None
+               ) -> RunStream[Any]:
         """Send *prompt* as a follow-up and return its `RunStream`: ``async for event in
         stream`` yields the run's durable events and the notifications delivered while it
         runs, in order, until it has ended; ``await stream.result()`` is its `RunResult`.
         The options are `run`'s."""
         return RunStream(self._start_run(prompt, True, output_type, output_retries,
-                                         output_name, output_mode))
+                                         output_name, output_mode, limits))
 
     def _start_run(self, prompt: MessageLike, streaming: bool, output_type: type[Any] | None,
-                   output_retries: int, output_name: str, output_mode: OutputMode
-                   ) -> _RunTracker[Any]:
+                   output_retries: int, output_name: str, output_mode: OutputMode,
+                   limits: Limits | None) -> _RunTracker[Any]:
         self._bind()
+        if limits is not None and not isinstance(limits, Limits):
+            raise TypeError(f"limits must be a Limits, not {type(limits).__name__}")
         spec, native = self._output(output_type, output_retries, output_name, output_mode)
+        effective = limits.over(self.limits) if limits is not None else self.limits
         sent = self.followup(prompt)
         entry = sent._entry
         loop = self._loop
@@ -592,8 +609,9 @@ class Agent:
 
         tracker: _RunTracker[Any] = _RunTracker(entry, loop, streaming=streaming,
                                                 finish=finish)
-        if spec is not None:
-            tracker.control = RunControl(tracker, spec, native, output_retries, self.steer)
+        if spec is not None or (effective is not None and effective.any):
+            tracker.control = RunControl(tracker, spec, native, output_retries, self.steer,
+                                         effective)
         entry.run = tracker
         self._trackers.add(tracker)
 
@@ -644,23 +662,36 @@ class Agent:
         if kind == "retry":                     # R13.3: the chain goes on
             if self._chain is not None:
                 self._chain.turn_started(event)
+            if self._env.control is not None:
+                self._env.control.turn_started()
             return
         if self._chain is not None:             # never expected: a chain without settled
             self._end_chain()
         admitted = ledger.admitted
         tracker = admitted.run if admitted is not None else None
+        control: RunControl | None = None
         if isinstance(tracker, _RunTracker):
             self._chain = tracker
             tracker.turn_started(event)
-            control = tracker.control
-            self._env.control = control if isinstance(control, RunControl) else None
+            if isinstance(tracker.control, RunControl):
+                control = tracker.control
+        elif self.limits is not None and self.limits.any:    # RT24: every turn's limits
+            control = RunControl(None, None, None, 0, self.steer, self.limits)
+        self._env.control = control
+        if control is not None:
+            control.turn_started()
+
+    def _assistant_message(self, event: Event) -> None:
+        control = self._env.control
+        if control is not None:                 # RT24 counts the turn's tokens
+            control.add_usage(event.data.get("usage"))
 
     def _settled(self, event: LiveEvent) -> None:
         """``agent/settled``: the chain's last turn is closed and flushed (R12.5)."""
         chain = self._chain
         if chain is not None:
             chain.live(event)
-            self._end_chain()
+        self._end_chain()
 
     def _end_chain(self) -> None:
         chain, self._chain = self._chain, None

@@ -18,9 +18,11 @@ Everything here composes the core's existing semantics; nothing changes them.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Final
 
-from machine.errors import TurnstileError
+from machine.errors import TurnstileError, ValidationError
+from machine.jsonvalue import FrozenDict
 from machine.runtime.hooks import JsonValue, TurnStopping
 from machine.runtime.tools import Tool, ToolArgumentError, ToolCall
 from machine.vocabulary import Message, ToolResult, user_message
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from machine.runtime.run import _RunTracker
     from machine.runtime.typed import OutputSpec
 
-__all__ = ["OUTPUT_SOURCE", "OutputInvalidError", "RunControl"]
+__all__ = ["OUTPUT_SOURCE", "LimitExceededError", "Limits", "OutputInvalidError", "RunControl"]
 
 #: The source of the runtime's re-ask messages (RT23): steering, labelled as context.
 OUTPUT_SOURCE: Final = {"kind": "plugin", "plugin": "output"}
@@ -43,15 +45,64 @@ class OutputInvalidError(TurnstileError):
     code = "OUTPUT_INVALID"
 
 
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds on the agent's turns (RT24); None: no bound.
+
+    * ``steps``: model steps per turn;
+    * ``tool_calls``: tool calls run per turn (a run's final-answer tool not counted);
+    * ``turn_tokens``: tokens per turn (`Usage.total_tokens` of its assistant messages);
+    * ``run_tokens``: tokens per run: a turn and its retry turns (R13.3).
+    """
+
+    steps: int | None = None
+    tool_calls: int | None = None
+    turn_tokens: int | None = None
+    run_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if value is not None and (type(value) is not int or value < 1):
+                raise ValidationError(f"limits.{item.name}",
+                                      f"must be a positive integer or None, not {value!r}")
+
+    def over(self, base: Limits | None) -> Limits:
+        """These limits, each one left None taken from *base*."""
+        if base is None:
+            return self
+        return Limits(*(getattr(self, f.name) if getattr(self, f.name) is not None
+                        else getattr(base, f.name) for f in fields(self)))
+
+    @property
+    def any(self) -> bool:
+        return any(getattr(self, f.name) is not None for f in fields(self))
+
+
+class LimitExceededError(TurnstileError):
+    """A limit of RT24 ended the turn: ``turn/end {kind:'error', code}`` with the code of the
+    limit (``STEP_LIMIT``, ``TOOL_CALL_LIMIT``, ``TURN_TOKEN_LIMIT``, ``RUN_TOKEN_LIMIT``)."""
+
+    code = "LIMIT_EXCEEDED"
+
+
+def _tool_limit_result(limit: int) -> dict[str, JsonValue]:
+    message = f"tool call limit reached ({limit} per turn): this call was not run"
+    return {"content": [{"type": "text", "text": f"Error: {message}"}], "isError": True,
+            "error": {"name": "LimitExceededError", "message": message,
+                      "code": "TOOL_CALL_LIMIT"}}
+
+
 class RunControl:
     """What one chain's turns get from its run (see the module docstring). *spec* is the
     output type's description, *native* the adapter's options for it (None: the
     final-answer tool), *retries* how many failed answers are re-asked, *steer* the
     agent's ``steer``."""
 
-    def __init__(self, tracker: _RunTracker[Any], spec: OutputSpec[Any] | None,
+    def __init__(self, tracker: _RunTracker[Any] | None, spec: OutputSpec[Any] | None,
                  native: Mapping[str, JsonValue] | None, retries: int,
-                 steer: Callable[[Message], object]) -> None:
+                 steer: Callable[[Message], object], limits: Limits | None = None) -> None:
+        assert spec is None or tracker is not None, "structured output belongs to a run"
         self.tracker = tracker
         self.spec = spec
         self.native = native
@@ -59,6 +110,11 @@ class RunControl:
         self._steer = steer
         self.failures = 0
         self.problems: list[str] = []
+        self.limits = limits if limits is not None and limits.any else None
+        self.turn_tokens = 0
+        self.run_tokens = 0
+        self.tool_calls = 0
+        self.refused_calls = 0
         self.output_tool: Tool | None = None
         if spec is not None and native is None:
             self.output_tool = Tool(spec.name, self._accept, "exclusive", spec.description,
@@ -78,10 +134,59 @@ class RunControl:
 
     # -- the loop's points ----------------------------------------------------------------
 
+    def turn_started(self) -> None:
+        """A turn of the chain starts (its first, or a retry): per-turn counts restart."""
+        self.turn_tokens = 0
+        self.tool_calls = 0
+        self.refused_calls = 0
+
+    def add_usage(self, usage: object) -> None:
+        """An assistant message's ``usage`` (RT24 counts its tokens)."""
+        if self.limits is None or not isinstance(usage, FrozenDict):
+            return
+        total = 0
+        for key in ("inputTokens", "outputTokens", "cacheReadTokens", "cacheWriteTokens"):
+            value = usage.get(key)
+            if type(value) is int and value > 0:
+                total += value
+        self.turn_tokens += total
+        self.run_tokens += total
+
     def check_step(self, turn: int, step: int) -> None:
-        """At ``{step}``: raise to end the turn (R9.1) when the re-asks are used up."""
+        """At ``{step}``: raise to end the turn (R9.1) when the re-asks are used up or a
+        limit is reached (RT24)."""
         if self.failures > self.retries:
             raise OutputInvalidError(self._exhausted())
+        limits = self.limits
+        if limits is None:
+            return
+        if limits.steps is not None and step > limits.steps:
+            raise LimitExceededError(f"step limit reached: {limits.steps} steps per turn",
+                                     code="STEP_LIMIT")
+        if self.refused_calls:
+            raise LimitExceededError(
+                f"tool call limit reached: {limits.tool_calls} calls per turn, "
+                f"{self.refused_calls} more refused", code="TOOL_CALL_LIMIT")
+        if limits.turn_tokens is not None and self.turn_tokens >= limits.turn_tokens:
+            raise LimitExceededError(
+                f"token limit reached: {self.turn_tokens} tokens used of "
+                f"{limits.turn_tokens} per turn", code="TURN_TOKEN_LIMIT")
+        if limits.run_tokens is not None and self.run_tokens >= limits.run_tokens:
+            raise LimitExceededError(
+                f"token limit reached: {self.run_tokens} tokens used of "
+                f"{limits.run_tokens} per run", code="RUN_TOKEN_LIMIT")
+
+    def refuse_call(self, name: str) -> dict[str, JsonValue] | None:
+        """At a call's ``{tool-prepare}``: its final error result when it is one call more
+        than the turn allows (RT24), else None (the call goes on)."""
+        limits = self.limits
+        if limits is None or limits.tool_calls is None or self.tool(name) is not None:
+            return None
+        self.tool_calls += 1
+        if self.tool_calls <= limits.tool_calls:
+            return None
+        self.refused_calls += 1
+        return _tool_limit_result(limits.tool_calls)
 
     @property
     def stops_turn(self) -> bool:
@@ -91,13 +196,13 @@ class RunControl:
     async def turn_stopping(self, context: TurnStopping) -> None:
         """A completed step would end the turn (R8.5): the answer is checked, and a failed
         one re-asked by steering, or, when the re-asks are used up, the turn fails."""
-        spec = self.spec
-        if spec is None or self.tracker.has_output:
+        spec, tracker = self.spec, self.tracker
+        if spec is None or tracker is None or tracker.has_output:
             return
-        text = self.tracker.last_text
+        text = tracker.last_text
         if self.native is not None:
             try:
-                self.tracker.set_output(spec.validate_text(text or ""))
+                tracker.set_output(spec.validate_text(text or ""))
                 return
             except ToolArgumentError as error:
                 self._failed(str(error), context.turn,
@@ -113,14 +218,15 @@ class RunControl:
         self._count(problem)
         if self.failures > self.retries:
             raise OutputInvalidError(self._exhausted())
-        self._steer(user_message(f"{self.tracker.prompt_id}-output-{self.failures}", ask,
-                                 OUTPUT_SOURCE))
+        prompt = self.tracker.prompt_id if self.tracker is not None else "run"
+        self._steer(user_message(f"{prompt}-output-{self.failures}", ask, OUTPUT_SOURCE))
 
     def _count(self, problem: str) -> None:
         self.failures += 1
         self.problems.append(problem)
-        self.tracker.output_error = self._exhausted()
-        self.tracker.output_problems = tuple(self.problems)
+        if self.tracker is not None:
+            self.tracker.output_error = self._exhausted()
+            self.tracker.output_problems = tuple(self.problems)
 
     def _exhausted(self) -> str:
         attempts = "attempt" if self.failures == 1 else "attempts"
@@ -131,15 +237,15 @@ class RunControl:
     async def _accept(self, call: ToolCall) -> ToolResult:
         """The final-answer tool (tool mode): the first valid answer is the output and
         ends the turn; an invalid one is an error result the model reads (a re-ask)."""
-        spec = self.spec
-        assert spec is not None
+        spec, tracker = self.spec, self.tracker
+        assert spec is not None and tracker is not None
         try:
             value = spec.validate_arguments(call.arguments)
         except ToolArgumentError as error:
             self._count(str(error))
             raise
-        if not self.tracker.has_output:
-            self.tracker.set_output(value)
+        if not tracker.has_output:
+            tracker.set_output(value)
         return ToolResult.from_json({"content": [{"type": "text", "text": "Final answer accepted."}],
                                      "concludesTurn": True})
 

@@ -242,7 +242,13 @@ class Environment:
                     signal: Signal) -> Work | Immediate:
         name = str(payload["name"])
         control = self.control
-        found = control.tool(name) if control is not None else None
+        found = None
+        if control is not None:
+            if kind == TOOL_PREPARE:
+                refused = control.refuse_call(name)      # RT24: one call too many
+                if refused is not None:
+                    return Immediate(refused)
+            found = control.tool(name)
         if found is None:
             found = self.tools.get(name)
         if kind == TOOL_FINALIZE and (found is None or found.finalize is None):
