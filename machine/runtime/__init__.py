@@ -26,6 +26,7 @@ from machine.runtime.agent import (
     MessageLike,
     OutputMode,
 )
+from machine.runtime.approvals import Approval, ApprovalError
 from machine.runtime.control import LimitExceededError, Limits, OutputInvalidError
 from machine.runtime.failures import AgentTimeoutError, ModelFailure, RaisedError, error_info
 from machine.runtime.fates import FateKind, MessageFate, Rejection, Route
@@ -77,6 +78,7 @@ from machine.runtime.run import (
 from machine.runtime.signal import AbortError, Signal
 from machine.runtime.sink import InMemorySink, PersistentSession, SessionSink
 from machine.runtime.tools import (
+    ApprovalPolicy,
     Tool,
     ToolArgumentError,
     ToolCall,
@@ -107,6 +109,9 @@ __all__ = [
     "Agent",
     "AgentTimeoutError",
     "Allow",
+    "Approval",
+    "ApprovalError",
+    "ApprovalPolicy",
     "Block",
     "CancelCause",
     "Chunk",

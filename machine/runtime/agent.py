@@ -25,7 +25,9 @@ the loop resumes from there (rules RT1-RT7).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
+import json
 import logging
 import math
 import warnings
@@ -37,7 +39,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar, overl
 
 from machine import events as ev
 from machine.core import AgentCore, CoreConfig
-from machine.errors import ProtocolError, ValidationError
+from machine.core.tools import plan_arguments
+from machine.errors import DisposedError, ProtocolError, ValidationError
 from machine.events import Event, LiveEvent
 from machine.io import (
     MODEL,
@@ -53,8 +56,19 @@ from machine.io import (
     Output,
     Send,
 )
-from machine.jsonvalue import FrozenDict, snapshot
+from machine.jsonvalue import FrozenDict, snapshot, thaw
 from machine.log import SessionLog
+from machine.runtime.approvals import (
+    APPROVAL_DECISION,
+    APPROVAL_REQUEST,
+    Approval,
+    ApprovalError,
+    Approvals,
+    Decision,
+    decision_data,
+    pending_in,
+    request_data,
+)
 from machine.runtime.control import Limits, RunControl
 from machine.runtime.environment import Environment, Immediate, SystemPrompt, Work
 from machine.runtime.failures import CANCELLED, EXITS, AgentTimeoutError, error_info
@@ -71,11 +85,12 @@ from machine.runtime.retry import RetryPolicy
 from machine.runtime.run import RunResult, RunStream, Sent, _RunTracker, result_of
 from machine.runtime.signal import Signal
 from machine.runtime.sink import InMemorySink, PersistentSession, SessionSink
-from machine.runtime.tools import Tool, ToolRegistry
+from machine.runtime.tools import Tool, ToolArgumentError, ToolCall, ToolRegistry, result_json
 from machine.store.errors import SessionNotFoundError, UnreadableSessionError
 from machine.store.resume import check_readable
 from machine.store.types import LoadMode, LoadReport, SessionStore
 from machine.vocabulary import (
+    DISPOSED_CAUSE,
     FOLLOWUP,
     INJECT,
     STEER,
@@ -84,6 +99,7 @@ from machine.vocabulary import (
     Message,
     SendOptions,
     Target,
+    ToolResult,
     user_message,
 )
 
@@ -106,7 +122,7 @@ ALL_EVENTS: Final = frozenset({"*", "session/event"})
 DurableEventType: TypeAlias = Literal[
     "turn/start", "turn/end", "step/start", "step/end", "user/message", "steering/message",
     "assistant/chunk", "assistant/message", "tool/call", "tool/result", "todo/write",
-    "request/header", "*", "session/event"]
+    "request/header", "approval/request", "approval/decision", "*", "session/event"]
 LiveEventType: TypeAlias = Literal[
     "agent/status", "agent/inbox/enqueue", "agent/inbox/dequeue", "agent/inbox/discard",
     "agent/context/discard", "agent/cancel-requested", "agent/settled", "agent/error",
@@ -122,6 +138,8 @@ CauseLike: TypeAlias = "Literal['user', 'parent'] | CancelCause | Mapping[str, J
 _Completion: TypeAlias = tuple[Callable[..., None], int, object]
 #: The effect kinds the fate ledger reads (RT26).
 _LEDGER_EFFECTS: Final = frozenset({PROMPT_SUBMIT, TICK})
+#: The source of the messages that hand a resumed approval's outcome to the model (RT25).
+APPROVAL_SOURCE: Final = {"kind": "plugin", "plugin": "approvals"}
 
 
 @dataclass(eq=False, slots=True)
@@ -250,6 +268,23 @@ class Agent:
         self._live_watch[ev.AGENT_DISPOSED] = self._torn_down
         self._live_watch[ev.ERROR] = self._agent_error
         self._durable_watch[ev.ASSISTANT_MESSAGE] = self._assistant_message
+        #: Approvals (RT25): the book, the tools that ask for them, what a resumed session
+        #: left pending (offered again at the first pump), the turn's signal for policies.
+        self._approvals = Approvals(self._cancel_approval)
+        self._env.approvals = self._approvals
+        self._gated = any(item.requires_approval for item in registry) or bool(
+            registry.fallback is not None and registry.fallback.requires_approval)
+        self._durable_watch[APPROVAL_REQUEST] = self._approval_written
+        self._durable_watch[APPROVAL_DECISION] = self._approval_written
+        if self._gated:
+            self._durable_watch[ev.TOOL_RESULT] = self._tool_result
+            self._durable_watch[ev.TURN_END] = self._turn_ended
+        self._reoffer = pending_in(session.events) if session is not None else []
+        for approval in self._reoffer:
+            self._approvals.asked(approval, None)
+        self._turn_signal: Signal | None = None
+        self._resumed_signal = Signal(0)          # what a resumed approval's tool runs under
+        self._approval_tasks: set[asyncio.Task[None]] = set()
         #: What `resume` found when it loaded the session (None: not resumed from a store).
         self.load_report: LoadReport | None = None
         #: How a tick is resolved: by default on the next pass of the event loop.
@@ -489,6 +524,10 @@ class Agent:
         self._dispose_waiters.append(waiter)
         self._ledger.dispose_requested()
         self._core.dispose()
+        try:
+            self._resumed_signal._abort(DISPOSED_CAUSE)
+        except BaseException as exc:      # only an exit is raised again (Signal._abort)
+            self._contain(exc, "an abort listener")
         self._commanded()
         self._settle_waiters()
         return loop.create_task(self._finish_disposal(waiter, timeout))
@@ -512,7 +551,7 @@ class Agent:
         if not self._delivering:
             self._pump(feed=False)
         waiter: asyncio.Future[None] = loop.create_future()
-        if self._core.is_quiescent or self._core.disposed:
+        if (self._core.is_quiescent and not self._approval_tasks) or self._core.disposed:
             waiter.set_result(None)
             return waiter
         self._idle_waiters.append(waiter)
@@ -685,6 +724,189 @@ class Agent:
         control = self._env.control
         if control is not None:                 # RT24 counts the turn's tokens
             control.add_usage(event.data.get("usage"))
+        if self._gated:
+            self._ask_approvals(event)
+
+    # ------------------------------------------------------------------
+    # Approvals (RT25)
+    # ------------------------------------------------------------------
+
+    @property
+    def approvals(self) -> tuple[Approval, ...]:
+        """The pending approvals (RT25), in the order they were asked: those of the running
+        turn, and those a resumed session left (``resumed``)."""
+        return self._approvals.pending()
+
+    def approve(self, call_id: str) -> None:
+        """Approve the pending call *call_id* (RT25): ``approval/decision {approved}`` is
+        written and made durable, then the call runs. A resumed approval's tool runs at once
+        and its result goes to the model as a follow-up of its own (a new turn)."""
+        approval = self._pending_approval(call_id)
+        self._write_decision(approval, "approved", None)
+        if approval.resumed:
+            self._start_resumed(approval)
+
+    def deny(self, call_id: str, reason: str | None = None) -> None:
+        """Deny the pending call *call_id* (RT25): ``approval/decision {denied, reason}`` is
+        written; the call's result is the error ``Error: the tool call was denied: <reason>``
+        (code ``TOOL_CALL_DENIED``), which the model reads. A resumed approval's denial
+        reaches the model as injected context."""
+        if reason is not None and not isinstance(reason, str):
+            raise ValidationError("reason", f"must be a string or None, not {reason!r}")
+        approval = self._pending_approval(call_id)
+        self._write_decision(approval, "denied", reason)
+        if approval.resumed:
+            self.inject(user_message(
+                f"approval-{approval.call_id}",
+                f"The tool call {approval.call_id} to {approval.name} with arguments "
+                f"{_json_text(approval.arguments)}, which was waiting for approval when the "
+                f"session was interrupted, was denied{': ' + reason if reason else ''}.",
+                APPROVAL_SOURCE))
+
+    def _pending_approval(self, call_id: str) -> Approval:
+        self._bind()
+        if self._core.disposed:
+            raise DisposedError("the agent is disposed; only dispose() may be called")
+        approval = self._approvals.get(call_id) if isinstance(call_id, str) else None
+        if approval is None:
+            raise ApprovalError(f"no pending approval for tool call {call_id!r}")
+        return approval
+
+    def _write_decision(self, approval: Approval, decision: Decision, reason: str | None, *,
+                        final: bool = False) -> None:
+        """Write the decision (durable before the call goes on, `_approval_written`), then
+        release the held call."""
+        self._core.append(APPROVAL_DECISION, decision_data(approval, decision, reason))
+        self._approvals.decide(approval.call_id, decision, reason, final=final)
+        self._commanded()
+
+    def _cancel_approval(self, call_id: str, reason: str) -> None:
+        approval = self._approvals.get(call_id)
+        if approval is not None and not self._core.disposed:
+            self._write_decision(approval, "cancelled", reason, final=True)
+
+    def _ask_approvals(self, event: Event) -> None:
+        """The model's message asks for calls (R9.9): each call of a tool that requires
+        approval is announced by an ``approval/request``, appended right after the message
+        (R0.6), and held (the environment's prepare waits for its decision)."""
+        message = event.message
+        if message is None or not message.tool_calls:
+            return
+        turn, step = event.data.get("turn"), event.data.get("step")
+        if type(turn) is not int or type(step) is not int:
+            return
+        signal = self._turn_signal if self._turn_signal is not None else Signal(0)
+        control = self._env.control
+        for block in message.tool_calls:
+            name, call_id = str(block.get("name")), str(block.get("id"))
+            found = self._env.tools.get(name)
+            if found is None or not found.requires_approval or (
+                    control is not None and control.tool(name) is not None):
+                continue
+            arguments = thaw(plan_arguments(str(block.get("arguments", ""))))
+            if not self._needs_approval(found, ToolCall(call_id, name, arguments, turn, step,
+                                                        signal)):
+                continue
+            approval = Approval(call_id, name, arguments, turn, step, len(self._core.log))
+            self._core.append(APPROVAL_REQUEST, request_data(approval))
+            self._approvals.asked(approval, self._loop)
+
+    @staticmethod
+    def _needs_approval(found: Tool, call: ToolCall) -> bool:
+        policy = found.requires_approval
+        if policy is not True:
+            try:
+                if not policy(call):        # type: ignore[operator]
+                    return False
+            except Exception as exc:        # a failing policy asks: the safe side
+                LOGGER.warning("the approval policy of tool %r raised (approval asked): %s",
+                               found.name, error_info(exc).rendered())
+        if found.validate_arguments is not None:
+            try:
+                found.validate_arguments(call.arguments)
+            except ToolArgumentError:       # the call gets its validation error (RT22)
+                return False
+        return True
+
+    def _approval_written(self, event: Event) -> None:
+        """An approval event was delivered (so appended to the sink): flush the sink, so a
+        pending approval survives a crash and a decision is durable before its call runs."""
+        try:
+            flushing = self._env.sink.flush()
+        except BaseException as exc:
+            self._contain(exc, f"the session sink's flush of {event.type} (seq {event.seq})")
+            return
+        if flushing is not None and self._loop is not None:
+            self._approvals.flushing = self._loop.create_task(_flushed(flushing))
+
+    def _tool_result(self, event: Event) -> None:
+        """A call has its result: an approval it still waits for is cancelled (a limit
+        refused the call, or the turn's abort left it unstarted)."""
+        self._ledger.durable(event)
+        message = event.message
+        block = message.content[0] if message is not None and message.content else None
+        call_id = block.get("toolCallId") if isinstance(block, FrozenDict) else None
+        if isinstance(call_id, str) and self._approvals.forget(call_id):
+            error = event.data.get("error")
+            code = error.get("code") if isinstance(error, FrozenDict) else None
+            self._cancel_approval(call_id, "the tool call limit was reached"
+                                  if code == "TOOL_CALL_LIMIT" else "the turn was cancelled")
+
+    def _turn_ended(self, event: Event) -> None:
+        self._ledger._turn_end(event)
+        turn = event.data.get("turn")
+        if type(turn) is int:
+            for call_id in self._approvals.of_turn(turn):
+                if self._approvals.forget(call_id):
+                    self._cancel_approval(call_id, "the turn ended before the call was "
+                                          "prepared")
+
+    def _reoffer_approvals(self) -> None:
+        """A resumed session's pending approvals are offered again (RT25): one
+        ``approval/request {reoffer: true}`` each, at the agent's first pump."""
+        reoffer, self._reoffer = self._reoffer, []
+        if self._core.disposed:
+            return
+        for approval in reoffer:
+            if self._approvals.get(approval.call_id) is None:
+                continue
+            seq = len(self._core.log)
+            self._core.append(APPROVAL_REQUEST, request_data(approval, reoffer=True))
+            self._approvals.asked(dataclasses.replace(approval, seq=seq), None)
+
+    def _start_resumed(self, approval: Approval) -> None:
+        loop = self._loop
+        assert loop is not None
+        task = loop.create_task(self._run_resumed(approval),
+                                name=f"turnstile-approved-{approval.call_id}")
+        self._tasks.add(task)
+        self._approval_tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_resumed(self, approval: Approval) -> None:
+        """An approved resumed call (RT25): its turn was closed by the crash repair, so the
+        tool runs here (prepare, body, finalize) and its result goes to the model as a
+        follow-up, its contexts injected first."""
+        try:
+            found = self._env.tools.get(approval.name)
+            call = ToolCall(approval.call_id, approval.name, approval.arguments, approval.turn,
+                            approval.step, self._resumed_signal)
+            text, contexts = await _run_tool(found, call)
+            if self._core.disposed:
+                return
+            for context in contexts:
+                self.inject(context)
+            self.followup(user_message(
+                f"approval-{approval.call_id}",
+                f"The tool call {approval.call_id} to {approval.name} with arguments "
+                f"{_json_text(approval.arguments)} was waiting for approval when the session "
+                f"was interrupted. It was approved and has now run. Its result:\n{text}",
+                APPROVAL_SOURCE))
+        finally:
+            task = asyncio.current_task()
+            if task is not None:
+                self._approval_tasks.discard(task)
+            self._settle_waiters()
 
     def _settled(self, event: LiveEvent) -> None:
         """``agent/settled``: the chain's last turn is closed and flushed (R12.5)."""
@@ -825,6 +1047,8 @@ class Agent:
         the pump once that output's delivery is complete; the next pass pumps on (RT18)."""
         if self._delivering:
             return
+        if self._reoffer:
+            self._reoffer_approvals()
         self._delivering = True
         core = self._core
         try:
@@ -862,7 +1086,8 @@ class Agent:
 
     def _settle_waiters(self) -> None:
         core = self._core
-        if self._idle_waiters and (core.is_quiescent or core.disposed):
+        if self._idle_waiters and ((core.is_quiescent and not self._approval_tasks)
+                                   or core.disposed):
             waiters, self._idle_waiters = self._idle_waiters, []
             for waiter in waiters:
                 if not waiter.done():
@@ -1018,6 +1243,8 @@ class Agent:
         loop = self._loop
         assert loop is not None, "effects are delivered by a bound agent"
         if kind == MODEL:
+            if self._gated:                       # the signal approval policies' calls get
+                self._turn_signal = self._signal(_int(effect.payload, "signal"))
             task = loop.create_task(self._stream(effect), name=f"turnstile-model-{effect.id}")
             self._model_tasks[effect.id] = task
         else:
@@ -1186,3 +1413,44 @@ async def _close(iterator: AsyncIterator[Chunk] | None) -> None:
         await aclose()
     except Exception as exc:
         LOGGER.warning("closing a model stream raised: %s", error_info(exc).rendered())
+
+
+async def _flushed(flushing: Awaitable[None]) -> None:
+    try:
+        await flushing
+    except Exception as exc:
+        LOGGER.warning("the session sink's flush of an approval event raised: %s",
+                       error_info(exc).rendered())
+
+
+def _json_text(value: JsonValue) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def _result_text(result: ToolResult) -> str:
+    """A tool result's content as text: its text blocks, any other block as JSON."""
+    parts = []
+    for block in result.content:
+        if isinstance(block, FrozenDict) and block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+        else:
+            parts.append(_json_text(thaw(block)))
+    return "".join(parts)
+
+
+async def _run_tool(found: Tool | None, call: ToolCall) -> tuple[str, tuple[Message, ...]]:
+    """A call run outside any turn (a resumed approval, RT25): prepare, body and finalize as
+    the batch would run them; a raise is the ``Error: <message>`` text (R10.12)."""
+    if found is None:
+        return f"Error: unknown tool {call.name!r}", ()
+    try:
+        prepared = await found.prepare(call) if found.prepare is not None else None
+        if prepared is None:
+            result = ToolResult.from_json(result_json(await found.run(call)))
+            if found.finalize is not None:
+                result = ToolResult.from_json(result_json(await found.finalize(call, result)))
+        else:
+            result = ToolResult.from_json(result_json(prepared))
+    except Exception as exc:
+        return f"Error: {error_info(exc).rendered()}", ()
+    return _result_text(result), result.additional_contexts

@@ -26,6 +26,7 @@ against the core.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Final, TypeAlias
 
@@ -44,6 +45,7 @@ from machine.io import (
     Effect,
 )
 from machine.jsonvalue import Frozen, FrozenDict, FrozenList, freeze, thaw
+from machine.runtime.approvals import Approvals, denied_result
 from machine.runtime.control import RunControl, merge_options
 from machine.runtime.hooks import (
     Hooks,
@@ -58,7 +60,14 @@ from machine.runtime.model import RequestDraft, RequestPreparer, default_header
 from machine.runtime.retry import RetryAction, RetryPolicy
 from machine.runtime.signal import Signal
 from machine.runtime.sink import SessionSink
-from machine.runtime.tools import ToolCall, ToolRegistry, result_json, run_body, unknown_tool_result
+from machine.runtime.tools import (
+    Tool,
+    ToolCall,
+    ToolRegistry,
+    result_json,
+    run_body,
+    unknown_tool_result,
+)
 from machine.vocabulary import ALLOW, Allow, Block, ErrorInfo, LlmFailure, Message, ToolResult
 
 __all__ = ["Environment", "Immediate", "SystemPrompt", "perform"]
@@ -96,8 +105,8 @@ class Environment:
     *preparer* is the model adapter's ``prepare`` part (`RequestPreparer`) or ``None``;
     the agent decides it once, at construction."""
 
-    __slots__ = ("control", "hooks", "managed", "preparer", "retry_policy", "retry_policy_json",
-                 "sink", "system", "tools")
+    __slots__ = ("approvals", "control", "hooks", "managed", "preparer", "retry_policy",
+                 "retry_policy_json", "sink", "system", "tools")
 
     def __init__(self, *, hooks: Hooks, tools: ToolRegistry, system: JsonValue | SystemPrompt,
                  sink: SessionSink, preparer: RequestPreparer | None,
@@ -113,6 +122,8 @@ class Environment:
         self.control: RunControl | None = None
         #: Request options a run added (RT23), taken back out of later requests.
         self.managed: dict[str, tuple[object, JsonValue]] = {}
+        #: The agent's approvals (RT25): the calls whose prepare waits for a decision.
+        self.approvals: Approvals | None = None
 
     def start(self, effect: Effect, signal: Signal | None) -> Work | Immediate:
         """Begin *effect*'s work: the coroutine to await, or its value (`Immediate`).
@@ -226,6 +237,28 @@ class Environment:
             tools = tools + control.tool_specs
         return config, tools
 
+    async def _approved(self, found: Tool, call: ToolCall, approvals: Approvals) -> JsonValue:
+        """A held call's prepare (RT25): the application's decision first. Approved: the
+        tool's own prepare, if any; denied: the error result the model reads; the turn's
+        signal aborted first: the approval is cancelled and the call not dispatched (the
+        core's check after prepare gives it the aborted-before-dispatch result, R10.3)."""
+        decided = await approvals.take(call.call_id, call.signal)
+        if decided is None:
+            cause = call.signal.reason
+            approvals.cancel(call.call_id, "the turn was "
+                             + ("disposed" if cause is not None and cause.kind == "disposed"
+                                else "cancelled"))
+            return None
+        flushing = approvals.flushing                 # the decision is durable before it runs
+        if flushing is not None and not flushing.done():
+            await asyncio.wait((flushing,))
+        decision, reason = decided
+        if decision != "approved":
+            return denied_result(reason)
+        if found.prepare is None:
+            return None
+        return result_json(await found.prepare(call))
+
     async def _turn_stopping(self, context: TurnStopping, chain: tuple[Any, ...],
                              control: RunControl) -> None:
         """The turn-stopping handlers, then the run's own check (RT23)."""
@@ -255,12 +288,18 @@ class Environment:
             return Immediate(payload["result"])     # the body's result as it is
         if found is None:
             return Immediate(unknown_tool_result(name))
-        if kind == TOOL_PREPARE and found.prepare is None:
+        approvals = self.approvals
+        held = (kind == TOOL_PREPARE and approvals is not None
+                and approvals.holds(str(payload["callId"])))
+        if kind == TOOL_PREPARE and found.prepare is None and not held:
             return _NOTHING
         call = ToolCall(str(payload["callId"]), name, thaw(payload["arguments"]), turn, step,
                         signal)
         if kind == TOOL_EXECUTE:
             return run_body(found, call)
+        if held:
+            assert approvals is not None
+            return self._approved(found, call, approvals)
         if kind == TOOL_PREPARE:
             assert found.prepare is not None
             return _stage(found.prepare, call)

@@ -31,8 +31,8 @@ from machine.runtime.hooks import JsonValue
 from machine.runtime.signal import Signal
 from machine.vocabulary import ToolResult
 
-__all__ = ["Tool", "ToolArgumentError", "ToolCall", "ToolMode", "ToolOutput", "ToolRegistry",
-           "tool"]
+__all__ = ["ApprovalPolicy", "Tool", "ToolArgumentError", "ToolCall", "ToolMode", "ToolOutput",
+           "ToolRegistry", "tool"]
 
 ToolMode: TypeAlias = Literal["exclusive", "parallel"]
 
@@ -121,6 +121,8 @@ class _Verbatim:
 
 
 ToolOutput: TypeAlias = "ToolResult | str | Mapping[str, JsonValue] | _Verbatim"
+#: Whether one call needs the application's approval (RT25).
+ApprovalPolicy: TypeAlias = "Callable[[ToolCall], bool]"
 Body: TypeAlias = Callable[[ToolCall], Awaitable[ToolOutput]]
 Prepare: TypeAlias = Callable[[ToolCall], Awaitable["ToolOutput | None"]]
 Finalize: TypeAlias = Callable[[ToolCall, ToolResult], Awaitable[ToolOutput]]
@@ -131,7 +133,9 @@ class Tool:
     """A tool the model can call (see the module docstring).
 
     ``validate_arguments`` (typed tools, RT22) checks a call's arguments without running
-    anything: it raises `ToolArgumentError` naming what is wrong."""
+    anything: it raises `ToolArgumentError` naming what is wrong. ``requires_approval``
+    (RT25): each call is held until the application approves or denies it; a function of
+    the call decides per call (called when the model's message arrives: keep it quick)."""
 
     name: str
     run: Body
@@ -141,6 +145,7 @@ class Tool:
     prepare: Prepare | None = None
     finalize: Finalize | None = None
     validate_arguments: Callable[[JsonValue], object] | None = None
+    requires_approval: bool | ApprovalPolicy = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -165,11 +170,13 @@ def tool(name: Callable[..., Awaitable[Any]] | Callable[..., Any], /) -> Tool: .
 @overload
 def tool(name: str | None = None, /, *, mode: ToolMode = "exclusive",
          description: str | None = None, parameters: Mapping[str, JsonValue] | None = None,
+         requires_approval: bool | ApprovalPolicy = False,
          ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 def tool(name: str | Callable[..., Any] | None = None, /, *, mode: ToolMode = "exclusive",
          description: str | None = None, parameters: Mapping[str, JsonValue] | None = None,
+         requires_approval: bool | ApprovalPolicy = False,
          ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Decorator: make a `Tool` of a function (``@tool`` or ``@tool(...)``); the name and
     description default to the function's name and docstring.
@@ -179,15 +186,18 @@ def tool(name: str | Callable[..., Any] | None = None, /, *, mode: ToolMode = "e
       runs; it needs the ``[typed]`` extra (pydantic).
     * A body of one `ToolCall` (its one parameter annotated ``ToolCall``, or an
       unannotated one named ``call``), or any function given *parameters*, is used as it
-      is: *parameters* is the hand-written JSON Schema, advertised, not enforced."""
+      is: *parameters* is the hand-written JSON Schema, advertised, not enforced.
+
+    *requires_approval* holds each call for the application's decision (RT25)."""
 
     def make(body: Callable[..., Any]) -> Tool:
         tool_name = name if isinstance(name, str) else body.__name__
         if parameters is None and takes_typed_arguments(body):
             from machine.runtime.typed import typed_tool  # the [typed] extra
-            return typed_tool(body, name=tool_name, mode=mode, description=description)
+            return typed_tool(body, name=tool_name, mode=mode, description=description,
+                              requires_approval=requires_approval)
         doc = description if description is not None else (body.__doc__ or "").strip() or None
-        return Tool(tool_name, body, mode, doc, parameters)
+        return Tool(tool_name, body, mode, doc, parameters, requires_approval=requires_approval)
     if callable(name):
         return make(name)
     return make
