@@ -926,6 +926,7 @@ class Agent:
         self._end_runs()
 
     def _agent_error(self, event: LiveEvent) -> None:
+        self._ledger._error(event)
         if self._core.failure is not None:     # P16: the core stopped; no run goes on
             self._end_runs()
 

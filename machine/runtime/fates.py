@@ -15,8 +15,9 @@ rejected admission's tick — and says, at any moment, where it stands:
 * ``appended``: appended between turns (an ``inject`` while the window was closed, or
   context a rejected admission wrote out); the model sees it at the next request;
 * ``rejected``: a prompt whose admission was rejected (``blocked`` by a prompt-submit
-  handler, ``failed`` when a handler raised, ``invalid`` for a decision that is not
-  one, ``aborted`` by a cancel during its admission): it never reached the log;
+  handler, ``failed`` when a handler raised or its turn could not open, ``invalid`` for
+  a decision that is not one, ``aborted`` by a cancel during its admission): it never
+  reached the log;
 * ``discarded``: dropped by a cancel or by dispose (*cause*), as the core reported it.
 
 The ledger is sans-I/O (no asyncio): the asyncio `Agent` keeps one, and the hostile-input
@@ -106,10 +107,11 @@ class MessageFate:
 class _Entry:
     """One acceptance, followed through the outputs (mutable; `MessageFate` is its view)."""
 
-    __slots__ = ("cause", "detail", "inherited", "kind", "listeners", "message_id",
+    __slots__ = ("cause", "detail", "index", "inherited", "kind", "listeners", "message_id",
                  "rejection", "route", "run", "seq", "step", "turn", "waiting")
 
-    def __init__(self, message_id: str, route: Route, waiting: Waiting) -> None:
+    def __init__(self, message_id: str, route: Route, waiting: Waiting, index: int) -> None:
+        self.index = index          # the acceptance's number, from 1
         self.message_id = message_id
         self.route: Route = route
         self.kind: FateKind = "pending"
@@ -193,22 +195,23 @@ class FateLedger:
         (before the call); *appended_seq* the seq of the ``user/message`` an inject with
         the window closed appended at once (R5.2)."""
         self._accepted += 1
+        index = self._accepted
         if options.target == "next-step" and not options.wakeup:          # inject
             if window_open:
-                entry = _Entry(message_id, "context", "staged")
+                entry = _Entry(message_id, "context", "staged", index)
                 self._staged.append(entry)
             else:
-                entry = _Entry(message_id, "context", "in-log")
+                entry = _Entry(message_id, "context", "in-log", index)
                 self._remember(entry)
                 if appended_seq is not None:
                     self._direct.add(appended_seq)
                 self._finish(entry, "appended", seq=appended_seq)
                 return entry
         elif options.target == "next-step" and window_open:               # R5.3 steering
-            entry = _Entry(message_id, "steering", "staged")
+            entry = _Entry(message_id, "steering", "staged", index)
             self._staged.append(entry)
         else:
-            entry = _Entry(message_id, "prompt", "queued")
+            entry = _Entry(message_id, "prompt", "queued", index)
             self._queued.append(entry)
         self._remember(entry)
         return entry
@@ -380,6 +383,25 @@ class FateLedger:
         with contextlib.suppress(ValidationError):
             self._cause = CancelCause.from_json(event.payload.get("cause"), allow_disposed=True)
 
+    def _error(self, event: LiveEvent) -> None:
+        """``agent/error`` while a prompt is admitted but before its turn opens: the log
+        refused the run's ``turn/start`` (P16.3) or the core stopped (P16.5); the prompt is
+        never written."""
+        entry = self._admitting
+        if entry is None:
+            return
+        self._admitting = None
+        error = event.payload.get("error")
+        detail = None
+        if isinstance(error, FrozenDict):
+            try:
+                detail = ErrorInfo.from_json(error).rendered()
+            except ValidationError:
+                detail = None
+        self._reject(entry, "failed", detail or "the turn could not start")
+        self._clear_inherited()
+        self._reset_admission()
+
     def _disposed(self, event: LiveEvent) -> None:
         """Teardown (R17.4): nothing is queued or staged any more; a prompt the core was
         still admitting when it stopped (P16) never had an outcome."""
@@ -516,7 +538,8 @@ class FateLedger:
         """Every remembered acceptance (of *message_id*), oldest first."""
         if message_id is not None:
             return tuple(e.view() for e in self._by_id.get(message_id, ()))
-        entries = sorted((e for es in self._by_id.values() for e in es), key=id)
+        entries = sorted((e for es in self._by_id.values() for e in es),
+                         key=lambda entry: entry.index)
         return tuple(e.view() for e in entries)
 
     @property
@@ -571,5 +594,6 @@ _LIVE: Final[dict[str, Callable[[FateLedger, LiveEvent], None]]] = {
     ev.INBOX_DISCARD: FateLedger._inbox_discard,
     ev.CONTEXT_DISCARD: FateLedger._context_discard,
     ev.CANCEL_REQUESTED: FateLedger._cancel_requested,
+    ev.ERROR: FateLedger._error,
     ev.AGENT_DISPOSED: FateLedger._disposed,
 }
