@@ -3,15 +3,16 @@
 The runtime adds I/O and no semantics: it delivers the core's outputs to
 listeners synchronously, runs hooks, the model and tools as asyncio tasks, and
 feeds their results back (specs/runtime.md, rules RT1-RT29). Provider adapters are in
-`machine.runtime.adapters` (extras ``[openai]``, ``[anthropic]``).
+`machine.runtime.adapters` (extras ``[openai]``, ``[anthropic]``); typed tools and
+structured output need ``[typed]`` (pydantic).
 
 ::
 
     from machine.runtime import Agent, ScriptedModel, text_reply
 
     async with Agent(ScriptedModel([text_reply("hello")])) as agent:
-        agent.followup("hi")
-        await agent.when_idle()
+        result = await agent.run("hi")          # RT21: the prompt's outcome as a value
+        print(result.outcome, result.output)
 """
 
 from __future__ import annotations

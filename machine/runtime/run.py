@@ -383,7 +383,7 @@ def result_of(tracker: _RunTracker[OutputT], *, structured: bool) -> RunResult[O
             error = f"the prompt was {fate.describe()}"
         else:
             outcome = "rejected"
-            error = "the prompt never ran: the agent was torn down first"
+            error = "the prompt never ran: the agent stopped (P16) or was torn down first"
         return RunResult(tracker.prompt_id, outcome, fate, output_error=error,
                          output_code="PROMPT_" + outcome.upper())
     outcome = outcome_of(reason) if reason is not None else "error"
