@@ -12,7 +12,7 @@ and the fates add up to what the R20.1 ledger saw.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from machine.core import AgentCore
@@ -38,9 +38,10 @@ class LedgeredCore(AgentCore):
         self.ledger.accept(message.id, options, window, seq)
 
     def append(self, type: str, data: JsonLike, *, surface_op: JsonLike = None,
-               source_event_seqs: Any = None) -> Event:
+               source_event_seqs: Sequence[int] | None = None, ignorable: bool = False
+               ) -> Event:
         event = super().append(type, data, surface_op=surface_op,
-                               source_event_seqs=source_event_seqs)
+                               source_event_seqs=source_event_seqs, ignorable=ignorable)
         self.ledger.direct_append(event.seq)
         if event.type == "user/message":
             self.direct_ids.add(event.data.get("id"))

@@ -357,10 +357,11 @@ def test_RT25_kill_9_while_pending_then_resume_offers_it_again_and_approving_run
                     events = list(agent.session.events)
             requests = [r.json for r in server.requests]
         assert deploys.ran == ["call_1"] and agent.approvals == ()
-        # the request was flushed before the call's tool/call, so the repair knows it never
-        # started (S12)
+        # the repair answers the held call as not started or of unknown outcome, depending on
+        # whether its tool/call reached the file before the kill (S12); it never ran
         repaired = [e for e in events if e.type == "tool/result"]
-        assert obj(repaired[0].data["error"])["code"] == "TOOL_NOT_STARTED"
+        assert obj(repaired[0].data["error"])["code"] in ("TOOL_NOT_STARTED",
+                                                          "TOOL_OUTCOME_UNKNOWN")
         assert decisions(events) == [("call_1", "approved", None)]
         last = requests[-1]["messages"]
         # the history a provider gets: no orphan tool output, the approved result as a message

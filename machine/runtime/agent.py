@@ -322,8 +322,9 @@ class Agent:
                 raise
             store.create(session_id)
         else:
-            try:
-                check_readable(session_id, result.events, reads)
+            try:                    # the runtime reads its approval events (RT25)
+                check_readable(session_id, result.events,
+                               (*reads, APPROVAL_REQUEST, APPROVAL_DECISION))
             except UnreadableSessionError:
                 store.release(session_id)
                 raise
@@ -776,7 +777,8 @@ class Agent:
                         final: bool = False) -> None:
         """Write the decision (durable before the call goes on, `_approval_written`), then
         release the held call."""
-        self._core.append(APPROVAL_DECISION, decision_data(approval, decision, reason))
+        self._core.append(APPROVAL_DECISION, decision_data(approval, decision, reason),
+                          ignorable=True)
         self._approvals.decide(approval.call_id, decision, reason, final=final)
         self._commanded()
 
@@ -808,7 +810,7 @@ class Agent:
                                                         signal)):
                 continue
             approval = Approval(call_id, name, arguments, turn, step, len(self._core.log))
-            self._core.append(APPROVAL_REQUEST, request_data(approval))
+            self._core.append(APPROVAL_REQUEST, request_data(approval), ignorable=True)
             self._approvals.asked(approval, self._loop)
 
     @staticmethod
@@ -871,7 +873,8 @@ class Agent:
             if self._approvals.get(approval.call_id) is None:
                 continue
             seq = len(self._core.log)
-            self._core.append(APPROVAL_REQUEST, request_data(approval, reoffer=True))
+            self._core.append(APPROVAL_REQUEST, request_data(approval, reoffer=True),
+                              ignorable=True)
             self._approvals.asked(dataclasses.replace(approval, seq=seq), None)
 
     def _start_resumed(self, approval: Approval) -> None:
