@@ -136,8 +136,12 @@ CauseLike: TypeAlias = "Literal['user', 'parent'] | CancelCause | Mapping[str, J
 
 #: Finished work waiting for the next pass: the core's completion method and its arguments.
 _Completion: TypeAlias = tuple[Callable[..., None], int, object]
-#: The effect kinds the fate ledger reads (RT26).
-_LEDGER_EFFECTS: Final = frozenset({PROMPT_SUBMIT, TICK})
+E = TypeVar("E", Event, LiveEvent)
+#: What a delivery of one output type goes through: the agent's own watcher (or None), then
+#: the listeners.
+_Route: TypeAlias = "tuple[Callable[[E], object] | None, tuple[_Subscription, ...]]"
+#: How many decided fates the agent keeps queryable by message id (RT26).
+FATE_HISTORY: Final = 1_000
 #: The source of the messages that hand a resumed approval's outcome to the model (RT25).
 APPROVAL_SOURCE: Final = {"kind": "plugin", "plugin": "approvals"}
 
@@ -237,8 +241,10 @@ class Agent:
         #: The listeners of each durable and live type, and the observers (effects and
         #: controls), computed on first use and forgotten at every (un)subscription, so each
         #: delivery walks only the listeners it calls.
-        self._durable_routes: dict[str, tuple[_Subscription, ...]] = {}
-        self._live_routes: dict[str, tuple[_Subscription, ...]] = {}
+        #: Each entry also holds the agent's own watcher of that type (the fate ledger's,
+        #: runs', limits', approvals'), so a delivery makes one look-up for both.
+        self._durable_routes: dict[str, _Route[Event]] = {}
+        self._live_routes: dict[str, _Route[LiveEvent]] = {}
         self._observers: tuple[_Subscription, ...] | None = None
         self._signals: dict[int, Signal] = {}
         self._ready: deque[_Completion] = deque()
@@ -256,10 +262,10 @@ class Agent:
         self._minted = 0
         #: Every accepted message's fate, read off the outputs (RT26), and the runs (RT21):
         #: those not ended yet, and the one whose chain is running.
-        self._ledger = ledger = FateLedger(core)
+        self._ledger = ledger = FateLedger(core, keep=FATE_HISTORY)
         self._trackers: set[_RunTracker[Any]] = set()
         self._chain: _RunTracker[Any] | None = None
-        self._durable_watch: dict[str, Callable[[Event], None]] = {
+        self._durable_watch: dict[str, Callable[[Event], object]] = {
             type_: functools.partial(handler, ledger) for type_, handler in _DURABLE.items()}
         self._durable_watch[ev.TURN_START] = self._turn_started
         self._live_watch: dict[str, Callable[[LiveEvent], None]] = {
@@ -267,18 +273,18 @@ class Agent:
         self._live_watch[ev.SETTLED] = self._settled
         self._live_watch[ev.AGENT_DISPOSED] = self._torn_down
         self._live_watch[ev.ERROR] = self._agent_error
-        self._durable_watch[ev.ASSISTANT_MESSAGE] = self._assistant_message
         #: Approvals (RT25): the book, the tools that ask for them, what a resumed session
         #: left pending (offered again at the first pump), the turn's signal for policies.
         self._approvals = Approvals(self._cancel_approval)
-        self._env.approvals = self._approvals
         self._gated = any(item.requires_approval for item in registry) or bool(
             registry.fallback is not None and registry.fallback.requires_approval)
+        self._env.approvals = self._approvals if self._gated else None
         self._durable_watch[APPROVAL_REQUEST] = self._approval_written
         self._durable_watch[APPROVAL_DECISION] = self._approval_written
         if self._gated:
             self._durable_watch[ev.TOOL_RESULT] = self._tool_result
             self._durable_watch[ev.TURN_END] = self._turn_ended
+            self._durable_watch[ev.ASSISTANT_MESSAGE] = self._assistant_message
         self._reoffer = pending_in(session.events) if session is not None else []
         for approval in self._reoffer:
             self._approvals.asked(approval, None)
@@ -696,9 +702,7 @@ class Agent:
 
     def _turn_started(self, event: Event) -> None:
         ledger = self._ledger
-        ledger._turn_start(event)
-        trigger = event.data.get("trigger")
-        kind = trigger.get("kind") if isinstance(trigger, FrozenDict) else None
+        kind = ledger._turn_start(event)
         if kind == "retry":                     # R13.3: the chain goes on
             if self._chain is not None:
                 self._chain.turn_started(event)
@@ -712,14 +716,30 @@ class Agent:
         control: RunControl | None = None
         if isinstance(tracker, _RunTracker):
             self._chain = tracker
+            self._routes_changed()
             tracker.turn_started(event)
+            tracker.durable(event)
             if isinstance(tracker.control, RunControl):
                 control = tracker.control
         elif self.limits is not None and self.limits.any:    # RT24: every turn's limits
             control = RunControl(None, None, None, 0, self.steer, self.limits)
-        self._env.control = control
+        if control is not self._env.control:
+            self._set_control(control)
         if control is not None:
             control.turn_started()
+
+    def _set_control(self, control: RunControl | None) -> None:
+        """Install what the running chain's run adds (or nothing): the environment asks it
+        at the chain's effects, and the agent hands it each assistant message's usage (the
+        watcher is there only while something needs it, approvals or a control)."""
+        self._env.control = control
+        wanted = control is not None or self._gated
+        if wanted != (ev.ASSISTANT_MESSAGE in self._durable_watch):
+            if wanted:
+                self._durable_watch[ev.ASSISTANT_MESSAGE] = self._assistant_message
+            else:
+                del self._durable_watch[ev.ASSISTANT_MESSAGE]
+            self._durable_routes.pop(ev.ASSISTANT_MESSAGE, None)
 
     def _assistant_message(self, event: Event) -> None:
         control = self._env.control
@@ -912,16 +932,19 @@ class Agent:
             self._settle_waiters()
 
     def _settled(self, event: LiveEvent) -> None:
-        """``agent/settled``: the chain's last turn is closed and flushed (R12.5)."""
-        chain = self._chain
-        if chain is not None:
-            chain.live(event)
-        self._end_chain()
+        """``agent/settled``: the chain's last turn is closed and flushed (R12.5); the run's
+        record has taken it already (its route, `_live_route`)."""
+        if self._chain is not None:
+            self._end_chain()
+        elif self._env.control is not None:
+            self._set_control(None)
 
     def _end_chain(self) -> None:
         chain, self._chain = self._chain, None
-        self._env.control = None
+        if self._env.control is not None:
+            self._set_control(None)
         if chain is not None:
+            self._routes_changed()
             chain.end()
 
     def _torn_down(self, event: LiveEvent) -> None:
@@ -982,17 +1005,37 @@ class Agent:
 
     def _route(self, type_: str | None, durable: bool) -> tuple[_Subscription, ...]:
         """The subscriptions an output of *type_* (None: an effect or control) goes to, in
-        registration order; remembered until the next (un)subscription."""
+        registration order (the observers' are remembered until the next
+        (un)subscription)."""
         subs = tuple(s for s in self._subs
                      if s.type is None or (type_ is not None and (
                          s.type == type_ or (durable and s.type in ALL_EVENTS))))
         if type_ is None:
             self._observers = subs
-        elif durable:
-            self._durable_routes[type_] = subs
-        else:
-            self._live_routes[type_] = subs
         return subs
+
+    def _durable_route(self, type_: str) -> _Route[Event]:
+        """The route of a durable type: the agent's watcher of it and, while a run's chain
+        is running, that run's record of every event (RT21), then the listeners."""
+        watch = self._durable_watch.get(type_)
+        chain = self._chain
+        if chain is not None:               # the run's record first (its end may follow)
+            watch = chain.durable if watch is None else _both(chain.durable, watch)
+        route = self._durable_routes[type_] = (watch, self._route(type_, True))
+        return route
+
+    def _live_route(self, type_: str) -> _Route[LiveEvent]:
+        watch = self._live_watch.get(type_)
+        chain = self._chain
+        if chain is not None:
+            watch = chain.live if watch is None else _both(chain.live, watch)
+        route = self._live_routes[type_] = (watch, self._route(type_, False))
+        return route
+
+    def _routes_changed(self) -> None:
+        """The watchers changed (a run's chain began or ended): routes are made again."""
+        self._durable_routes.clear()
+        self._live_routes.clear()
 
     # ------------------------------------------------------------------
     # The pump
@@ -1133,15 +1176,12 @@ class Agent:
                 self._append(event)
             except BaseException as exc:
                 self._contain(exc, f"session sink append of {_describe(output)}")
-            watch = self._durable_watch.get(event.type)
+            route = self._durable_routes.get(event.type)
+            if route is None:
+                route = self._durable_route(event.type)
+            watch, subs = route
             if watch is not None:
                 watch(event)
-            chain = self._chain
-            if chain is not None:
-                chain.durable(event)
-            subs = self._durable_routes.get(event.type)
-            if subs is None:
-                subs = self._route(event.type, True)
             if subs:
                 self._notify(subs, output, event)
         elif kind is Live:
@@ -1149,26 +1189,21 @@ class Agent:
             live = output.event
             if live.type == ev.WARNING:
                 LOGGER.warning("agent warning: %s", live.payload.get("text", ""))
-            live_watch = self._live_watch.get(live.type)
+            live_route = self._live_routes.get(live.type)
+            if live_route is None:
+                live_route = self._live_route(live.type)
+            live_watch, subs = live_route
             if live_watch is not None:
                 live_watch(live)
-            chain = self._chain
-            if chain is not None:
-                chain.live(live)
-            subs = self._live_routes.get(live.type)
-            if subs is None:
-                subs = self._route(live.type, False)
             if subs:
                 self._notify(subs, output, live)
         elif kind is Effect:
             assert isinstance(output, Effect)
-            if output.kind in _LEDGER_EFFECTS:
-                self._ledger.effect(output)
-            subs = self._observers
-            if subs is None:
-                subs = self._route(None, False)
-            if subs:
-                self._notify(subs, output, None)
+            observers = self._observers
+            if observers is None:
+                observers = self._route(None, False)
+            if observers:
+                self._notify(observers, output, None)
             self._start(output)
         else:
             assert isinstance(output, Control)
@@ -1182,11 +1217,11 @@ class Agent:
                     self._contain(exc, "an abort listener")
             else:
                 self._release(_int(output.payload, "effect"))
-            subs = self._observers
-            if subs is None:
-                subs = self._route(None, False)
-            if subs:
-                self._notify(subs, output, None)
+            observers = self._observers
+            if observers is None:
+                observers = self._route(None, False)
+            if observers:
+                self._notify(observers, output, None)
 
     def _notify(self, subs: tuple[_Subscription, ...], output: Output,
                 event: Event | LiveEvent | None) -> None:
@@ -1220,10 +1255,7 @@ class Agent:
             return
         if kind == "raise":
             assert isinstance(value, ErrorInfo)
-        value = snapshot(value)
-        if self._ledger.watches(effect_id):          # why a prompt is rejected (RT26)
-            self._ledger.completion(effect_id, kind, value)
-        self._ready.append((self._completers[kind], effect_id, value))
+        self._ready.append((self._completers[kind], effect_id, snapshot(value)))
         if not self._scheduled:
             self._schedule_pump()
 
@@ -1242,6 +1274,8 @@ class Agent:
     def _start(self, effect: Effect) -> None:
         kind = effect.kind
         if kind == TICK:
+            if self._ledger._admitting is not None:    # the rejected admission's (RT26)
+                self._ledger.effect(effect)
             self._on_tick(effect.id)
             return
         loop = self._loop
@@ -1261,6 +1295,10 @@ class Agent:
                 if isinstance(exc, EXITS):
                     self._contain(exc, "the session sink's flush")
                 return
+            if kind == PROMPT_SUBMIT:                  # the admission's answer (RT26)
+                self._ledger.effect(effect)
+                if not isinstance(work, Immediate):
+                    work = _decided(work, self._ledger, effect.id)
             if isinstance(work, Immediate):
                 self._answer_now(self._core.resolve, effect.id, work.value)
                 return
@@ -1458,3 +1496,22 @@ async def _run_tool(found: Tool | None, call: ToolCall) -> tuple[str, tuple[Mess
     except Exception as exc:
         return f"Error: {error_info(exc).rendered()}", ()
     return _result_text(result), result.additional_contexts
+
+
+def _both(first: Callable[[E], object], second: Callable[[E], object]) -> Callable[[E], None]:
+    def both(event: E) -> None:
+        first(event)
+        second(event)
+    return both
+
+
+async def _decided(work: Work, ledger: FateLedger, effect_id: int) -> object:
+    """A prompt-submit's work, its answer noted for the fate ledger (why a prompt is
+    rejected, RT26)."""
+    try:
+        value = await work
+    except BaseException as exc:
+        ledger.completion(effect_id, "raise", error_info(exc))
+        raise
+    ledger.completion(effect_id, "resolve", snapshot(value))
+    return value

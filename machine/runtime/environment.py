@@ -168,7 +168,10 @@ class Environment:
             prompt: Frozen = payload.get("system")
             request = hooks.request.snapshot()
             if not request and self.preparer is None:
-                config, tools = self._run_request(seed)
+                config: Mapping[str, JsonValue] = seed
+                tools = self.tools.spec_tuple()
+                if control is not None or self.managed:
+                    config, tools = self._run_request(seed)
                 return Immediate(self._with_policy(default_header(
                     RequestDraft(turn, step, signal, config, prompt, tools))))
             return self._request(RequestContext(turn, step, signal, seed, prompt), request)

@@ -165,7 +165,7 @@ class FateLedger:
     `MessageFate` already handed out, and what waits on one, are not affected); pending
     ones are always kept."""
 
-    def __init__(self, state: _State, *, keep: int = 10_000) -> None:
+    def __init__(self, state: _State, *, keep: int = 1_000) -> None:
         self._state = state
         self._keep = keep
         self._by_id: dict[str, list[_Entry]] = {}
@@ -176,12 +176,11 @@ class FateLedger:
         self._prompt: _Entry | None = None          # admitted, its user/message not seen yet
         self._steering_taken: _Entry | None = None  # dequeued steering, before its append
         self._in_log: list[_Entry] = []             # delivered, step not known yet
-        self._claim_marked = False                  # the claim in progress took the outbox
-        self._claiming = False                      # from a claim to its outcome
         self._admission_effect: int | None = None
         self._admission_signal: int | None = None
         self._decision: tuple[str, object] | None = None
-        self._aborted: CancelCause | None = None
+        self._aborted: CancelCause | None = None    # the admission's own signal's abort
+        self._last_abort: CancelCause | None = None
         self._cause: CancelCause = DISPOSED_CAUSE
         self._open_turn: int | None = None
         self._direct: set[int] = set()
@@ -213,7 +212,11 @@ class FateLedger:
         else:
             entry = _Entry(message_id, "prompt", "queued", index)
             self._queued.append(entry)
-        self._remember(entry)
+        entries = self._by_id.get(message_id)       # `_remember`, inline: once per message
+        if entries is None:
+            self._by_id[message_id] = [entry]
+        else:
+            entries.append(entry)
         return entry
 
     def direct_append(self, seq: int) -> None:
@@ -262,57 +265,71 @@ class FateLedger:
             handler(self, event)
 
     def effect(self, effect: Effect) -> None:
+        """``{prompt-submit}`` (a claim's admission asks for its decision) and the rejected
+        admission's tick (R7.10 step 3)."""
+        payload = effect.payload._data          # Why: a plain dict's get (every turn has these)
         if effect.kind == PROMPT_SUBMIT:
-            self._mark_claim()
-            self._claiming = True
+            if self._staged:
+                self._mark_claim()
             self._admission_effect = effect.id
-            signal = effect.payload.get("signal")
+            signal = payload.get("signal")
             self._admission_signal = signal if type(signal) is int else None
             self._decision = None
-        elif effect.kind == TICK and effect.payload.get("purpose") == "rejected-admission":
+            self._aborted = None
+        elif effect.kind == TICK and payload.get("purpose") == "rejected-admission":
             self._rejected()
 
     def abort(self, payload: FrozenDict) -> None:
-        """``abort {signal, reason}``: an abort while a prompt is being admitted rejects it
-        (R7.5, R7.7)."""
-        if self._admitting is None and not self._claiming:
-            return
-        signal = payload.get("signal")
-        if self._admission_signal is not None and signal != self._admission_signal:
-            return
+        """``abort {signal, reason}``: an abort of the admission's signal rejects its prompt
+        (R7.7); one before any ``{prompt-submit}`` did (R7.5), so the last abort is kept."""
         try:
-            self._aborted = CancelCause.from_json(payload.get("reason"), allow_disposed=True)
+            cause = CancelCause.from_json(payload.get("reason"), allow_disposed=True)
         except ValidationError:
-            self._aborted = DISPOSED_CAUSE
+            cause = DISPOSED_CAUSE
+        self._last_abort = cause
+        if self._admission_signal is not None and payload.get("signal") == self._admission_signal:
+            self._aborted = cause
 
     # -- durable --------------------------------------------------------------------
 
-    def _turn_start(self, event: Event) -> None:
-        turn = event.data.get("turn")
+    def _turn_start(self, event: Event) -> str | None:
+        """A turn opens: the admitted prompt's, for a message trigger (R7.9). Returns the
+        trigger's kind."""
+        data = event.data._data              # (checked by the log: turn an int, trigger V13)
+        turn = data.get("turn")
         self._open_turn = turn if type(turn) is int else None
-        trigger = event.data.get("trigger")
+        trigger = data.get("trigger")
+        kind = trigger._data.get("kind") if type(trigger) is FrozenDict else None
         entry = self._admitting
-        if entry is not None and isinstance(trigger, FrozenDict) \
-                and trigger.get("kind") == "message":
-            self._admitting = None
-            self._prompt = entry
-            entry.turn = self._open_turn
-        self._reset_admission()
+        if entry is not None:
+            if kind == "message":
+                self._admitting = None
+                self._prompt = entry
+                entry.turn = self._open_turn
+            self._admission_effect = self._admission_signal = None  # `_reset_admission`
+            self._decision = self._aborted = None
+        return kind if type(kind) is str else None
 
     def _user_message(self, event: Event) -> None:
         if event.seq in self._direct:
             self._direct.discard(event.seq)
             return
-        message_id = event.data.get("id")
+        if self._prompt is None and not self._staged:
+            return                              # nothing of the ledger's can be this one
+        message_id = event.data._data.get("id")
         prompt = self._prompt
         if prompt is not None and prompt.message_id == message_id:
-            inherited = self._take(self._staged, message_id, "context", inherited=True)
-            if inherited is not None:
-                self._logged(inherited, event.seq)
-                return
+            if self._staged:
+                inherited = self._take(self._staged, message_id, "context", inherited=True)
+                if inherited is not None:
+                    self._logged(inherited, event.seq)
+                    return
+                self._clear_inherited()       # the inherited drain is over (R8.3.1)
             self._prompt = None
-            self._clear_inherited()           # the inherited drain is over (R8.3.1)
-            self._logged(prompt, event.seq)
+            prompt.turn = self._open_turn     # `_logged`, inline: every turn's prompt
+            prompt.seq = event.seq
+            prompt.waiting = "in-log"
+            self._in_log.append(prompt)
             return
         entry = self._take(self._staged, message_id, "context")
         if entry is None:
@@ -333,8 +350,9 @@ class FateLedger:
             self._logged(entry, event.seq)
 
     def _step_start(self, event: Event) -> None:
-        step = event.data.get("step")
-        self._place(step if type(step) is int else None)
+        if self._in_log:
+            step = event.data._data.get("step")
+            self._place(step if type(step) is int else None)
 
     def _turn_end(self, event: Event) -> None:
         self._place(None)
@@ -346,20 +364,19 @@ class FateLedger:
 
     # -- live -------------------------------------------------------------------------
 
-    def _status(self, event: LiveEvent) -> None:
-        if event.payload.get("status") == "running":        # a claim (R7.4)
-            self._mark_claim()
-            self._claiming = True
-
     def _dequeue(self, event: LiveEvent) -> None:
-        message = event.payload.get("message")
-        message_id = message.get("id") if isinstance(message, FrozenDict) else None
-        if event.payload.get("placement") == "queued":          # the claimed item (R7.6)
-            entry = self._take(self._queued, message_id, "prompt")
+        payload = event.payload._data
+        message = payload.get("message")
+        message_id = message._data.get("id") if type(message) is FrozenDict else None
+        if payload.get("placement") == "queued":                # the claimed item (R7.6)
+            queued = self._queued
+            if queued and queued[0].message_id == message_id:    # the head, as R7.2 claims
+                entry: _Entry | None = queued.popleft()
+            else:
+                entry = self._take(queued, message_id, "prompt")
             if entry is not None:
                 entry.waiting = "admitting"
                 self._admitting = entry
-            self._claiming = True
         else:                                                   # steering drained (R11.1)
             self._steering_taken = self._take(self._staged, message_id, "steering")
 
@@ -414,11 +431,10 @@ class FateLedger:
 
     def _mark_claim(self) -> None:
         """A claim takes the outbox as inherited (R7.2): what is staged now is drained
-        ahead of the prompt, what is staged later after it. A claim's first output is its
-        ``running`` notice (R7.4) or, for a chained claim, its ``{prompt-submit}``."""
-        if self._claim_marked:
-            return
-        self._claim_marked = True
+        ahead of the prompt, what is staged later after it. Marked at the claim's
+        ``{prompt-submit}``: context staged at its ``running`` notice (R7.4), counted as
+        inherited here, can only be told from the prompt by its id, so two messages sharing
+        one id there may swap their seqs (their fates are the same)."""
         for entry in self._staged:
             entry.inherited = True
 
@@ -434,8 +450,8 @@ class FateLedger:
     def _rejection(self) -> tuple[Rejection, str | None, CancelCause | None]:
         if self._aborted is not None:
             return "aborted", None, self._aborted
-        if self._decision is None:
-            return "aborted", None, None
+        if self._decision is None:          # R7.5: aborted before its {prompt-submit}
+            return "aborted", None, self._last_abort
         kind, value = self._decision
         if kind == "raise":
             return "failed", value.rendered() if isinstance(value, ErrorInfo) else str(value), None
@@ -452,8 +468,6 @@ class FateLedger:
             entry.inherited = False
 
     def _reset_admission(self) -> None:
-        self._claim_marked = False
-        self._claiming = False
         self._admission_effect = None
         self._admission_signal = None
         self._decision = None
@@ -581,7 +595,7 @@ def _ids(messages: Frozen) -> Iterable[object]:
                 yield message.get("id")
 
 
-_DURABLE: Final[dict[str, Callable[[FateLedger, Event], None]]] = {
+_DURABLE: Final[dict[str, Callable[[FateLedger, Event], object]]] = {
     ev.TURN_START: FateLedger._turn_start,
     ev.USER_MESSAGE: FateLedger._user_message,
     ev.STEERING_MESSAGE: FateLedger._steering_message,
@@ -589,7 +603,6 @@ _DURABLE: Final[dict[str, Callable[[FateLedger, Event], None]]] = {
     ev.TURN_END: FateLedger._turn_end,
 }
 _LIVE: Final[dict[str, Callable[[FateLedger, LiveEvent], None]]] = {
-    ev.STATUS: FateLedger._status,
     ev.INBOX_DEQUEUE: FateLedger._dequeue,
     ev.INBOX_DISCARD: FateLedger._inbox_discard,
     ev.CONTEXT_DISCARD: FateLedger._context_discard,
