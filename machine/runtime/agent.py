@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar, cast, overload
 
 from machine import events as ev
 from machine.core import AgentCore, CoreConfig
@@ -262,7 +262,7 @@ class Agent:
         self._minted = 0
         #: Every accepted message's fate, read off the outputs (RT26), and the runs (RT21):
         #: those not ended yet, and the one whose chain is running.
-        self._ledger = ledger = FateLedger(core, keep=FATE_HISTORY)
+        self._ledger = ledger = FateLedger(core, keep=FATE_HISTORY, entry_type=Sent)
         self._trackers: set[_RunTracker[Any]] = set()
         self._chain: _RunTracker[Any] | None = None
         self._durable_watch: dict[str, Callable[[Event], object]] = {
@@ -465,11 +465,9 @@ class Agent:
         outputs are delivered."""
         raw_id = message.id if isinstance(message, Message) else message["id"]
         message_id = str.__str__(raw_id) if isinstance(raw_id, str) else str(raw_id)
-        entry = self._ledger.accept(message_id, options, window, seq)
+        sent = self._ledger.accept(message_id, options, window, seq)
         self._commanded()
-        loop = self._loop
-        assert loop is not None
-        return Sent(entry, loop)
+        return cast(Sent, sent)              # the ledger makes its records as `Sent`s
 
     def cancel(self, cause: CauseLike = "user", keep_inbox: bool = False) -> None:
         """Cancel the current activity (and, unless *keep_inbox*, what is pending).
@@ -644,8 +642,7 @@ class Agent:
             raise TypeError(f"limits must be a Limits, not {type(limits).__name__}")
         spec, native = self._output(output_type, output_retries, output_name, output_mode)
         effective = limits.over(self.limits) if limits is not None else self.limits
-        sent = self.followup(prompt)
-        entry = sent._entry
+        entry = self.followup(prompt)
         loop = self._loop
         assert loop is not None
 

@@ -40,6 +40,8 @@ from machine.io import PROMPT_SUBMIT, TICK, Control, Durable, Effect, Live, Outp
 from machine.jsonvalue import Frozen, FrozenDict, FrozenList
 from machine.vocabulary import (
     DISPOSED_CAUSE,
+    PARENT_CAUSE,
+    USER_CAUSE,
     Block,
     CancelCause,
     ErrorInfo,
@@ -59,6 +61,18 @@ Rejection: TypeAlias = Literal["blocked", "failed", "invalid", "aborted"]
 Waiting: TypeAlias = Literal["queued", "staged", "admitting", "in-log"]
 
 FINAL_KINDS: Final = frozenset({"delivered", "appended", "rejected", "discarded"})
+#: A decided fate kept by the ledger: (acceptance number, id, route, kind, turn, step, seq,
+#: rejection, detail, the cause's kind), plain values only.
+_Row: TypeAlias = tuple[int, str, Route, FateKind, "int | None", "int | None", "int | None",
+                        "Rejection | None", "str | None", "str | None"]
+_CAUSES: Final[dict[str, CancelCause]] = {cause.kind: cause for cause in (
+    USER_CAUSE, PARENT_CAUSE, DISPOSED_CAUSE)}
+
+
+def _row_view(row: _Row) -> MessageFate:
+    cause = row[9]
+    return MessageFate(row[1], row[2], row[3], None, row[4], row[5], row[6], row[7], row[8],
+                       _CAUSES.get(cause) if cause is not None else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,11 +179,18 @@ class FateLedger:
     `MessageFate` already handed out, and what waits on one, are not affected); pending
     ones are always kept."""
 
-    def __init__(self, state: _State, *, keep: int = 1_000) -> None:
+    def __init__(self, state: _State, *, keep: int = 1_000,
+                 entry_type: type[_Entry] | None = None) -> None:
         self._state = state
         self._keep = keep
-        self._by_id: dict[str, list[_Entry]] = {}
-        self._decided: deque[_Entry] = deque()
+        #: The class of the records `accept` makes (the agent's `Sent`, its public face).
+        self._entry_type = entry_type if entry_type is not None else _Entry
+        self._pending: dict[str, list[_Entry]] = {}  # undecided acceptances, by id
+        #: Decided fates, by id, as tuples of plain values (which the cyclic collector stops
+        #: tracking: a long session's fates cost it nothing), and their ids in the order they
+        #: were decided, for the bound.
+        self._rows: dict[str, tuple[_Row, ...]] = {}
+        self._decided: deque[str] = deque()
         self._queued: deque[_Entry] = deque()       # route prompt, in inbox order
         self._staged: deque[_Entry] = deque()       # steering and context, in outbox order
         self._admitting: _Entry | None = None       # claimed (dequeued), no outcome yet
@@ -195,26 +216,26 @@ class FateLedger:
         the window closed appended at once (R5.2)."""
         self._accepted += 1
         index = self._accepted
+        make = self._entry_type
         if options.target == "next-step" and not options.wakeup:          # inject
             if window_open:
-                entry = _Entry(message_id, "context", "staged", index)
+                entry = make(message_id, "context", "staged", index)
                 self._staged.append(entry)
             else:
-                entry = _Entry(message_id, "context", "in-log", index)
-                self._remember(entry)
+                entry = make(message_id, "context", "in-log", index)
                 if appended_seq is not None:
                     self._direct.add(appended_seq)
                 self._finish(entry, "appended", seq=appended_seq)
                 return entry
         elif options.target == "next-step" and window_open:               # R5.3 steering
-            entry = _Entry(message_id, "steering", "staged", index)
+            entry = make(message_id, "steering", "staged", index)
             self._staged.append(entry)
         else:
-            entry = _Entry(message_id, "prompt", "queued", index)
+            entry = make(message_id, "prompt", "queued", index)
             self._queued.append(entry)
-        entries = self._by_id.get(message_id)       # `_remember`, inline: once per message
+        entries = self._pending.get(message_id)
         if entries is None:
-            self._by_id[message_id] = [entry]
+            self._pending[message_id] = [entry]
         else:
             entries.append(entry)
         return entry
@@ -506,9 +527,6 @@ class FateLedger:
                 return entry
         return None
 
-    def _remember(self, entry: _Entry) -> None:
-        self._by_id.setdefault(entry.message_id, []).append(entry)
-
     def _finish(self, entry: _Entry, kind: FateKind, *, turn: int | None = None,
                 step: int | None = None, seq: int | None = None,
                 cause: CancelCause | None = None) -> None:
@@ -520,41 +538,50 @@ class FateLedger:
         entry.cause = cause if kind in ("discarded", "rejected") else None
         entry.inherited = False
         listeners, entry.listeners = entry.listeners, None
+        message_id = entry.message_id
+        pending = self._pending.get(message_id)
+        if pending is not None and entry in pending:
+            if len(pending) == 1:
+                del self._pending[message_id]
+            else:
+                pending.remove(entry)
+        row: _Row = (entry.index, message_id, entry.route, kind, turn, step, seq,
+                     entry.rejection, entry.detail, entry.cause.kind if entry.cause else None)
+        rows = self._rows.get(message_id)
+        self._rows[message_id] = (row,) if rows is None else (*rows, row)
         decided = self._decided
-        decided.append(entry)
+        decided.append(message_id)
         if len(decided) > self._keep:
-            self._forget(decided.popleft())
+            oldest = decided.popleft()            # its oldest decided fate goes
+            kept = self._rows[oldest][1:]
+            if kept:
+                self._rows[oldest] = kept
+            else:
+                del self._rows[oldest]
         if listeners:
             fate = entry.view()
             for listener in listeners:
                 listener(fate)
-
-    def _forget(self, entry: _Entry) -> None:
-        entries = self._by_id.get(entry.message_id)
-        if entries is None:
-            return
-        try:
-            entries.remove(entry)
-        except ValueError:
-            return
-        if not entries:
-            del self._by_id[entry.message_id]
 
     # -- queries ----------------------------------------------------------------------
 
     def fate(self, message_id: str) -> MessageFate | None:
         """The fate of the latest acceptance of *message_id* (None: not accepted, or its
         fate was decided long enough ago to be forgotten)."""
-        entries = self._by_id.get(message_id)
-        return entries[-1].view() if entries else None
+        fates = self.fates(message_id)
+        return fates[-1] if fates else None
 
     def fates(self, message_id: str | None = None) -> tuple[MessageFate, ...]:
         """Every remembered acceptance (of *message_id*), oldest first."""
         if message_id is not None:
-            return tuple(e.view() for e in self._by_id.get(message_id, ()))
-        entries = sorted((e for es in self._by_id.values() for e in es),
-                         key=lambda entry: entry.index)
-        return tuple(e.view() for e in entries)
+            entries: list[_Entry] = list(self._pending.get(message_id, ()))
+            rows: list[_Row] = list(self._rows.get(message_id, ()))
+        else:
+            entries = [e for es in self._pending.values() for e in es]
+            rows = [r for rs in self._rows.values() for r in rs]
+        views = [(e.index, e.view()) for e in entries] + [(r[0], _row_view(r)) for r in rows]
+        views.sort(key=lambda item: item[0])
+        return tuple(view for _, view in views)
 
     @property
     def accepted(self) -> int:
@@ -562,9 +589,10 @@ class FateLedger:
         return self._accepted
 
     def pending(self) -> tuple[MessageFate, ...]:
-        """The acceptances whose fate is not decided yet."""
-        return tuple(e.view() for es in self._by_id.values() for e in es
-                     if e.kind == "pending")
+        """The acceptances whose fate is not decided yet, oldest first."""
+        entries = sorted((e for es in self._pending.values() for e in es),
+                         key=lambda entry: entry.index)
+        return tuple(e.view() for e in entries)
 
     # -- the R20.1 check ------------------------------------------------------------------
 

@@ -205,40 +205,37 @@ def reason_text(reason: TurnEndReason) -> str:
     return f"the turn failed: {reason.message}{code}"
 
 
-class Sent:
+class Sent(_Entry):
     """A message the agent accepted (returned by ``send``, ``followup``, ``steer`` and
     ``inject``): its ``id``, its ``fate`` now, and ``await sent.wait()`` for its decided
-    fate (RT26)."""
+    fate (RT26). (It is the fate ledger's own record of the acceptance, so a command makes
+    no second object.)"""
 
-    __slots__ = ("_entry", "_loop")
-
-    def __init__(self, entry: _Entry, loop: asyncio.AbstractEventLoop) -> None:
-        self._entry = entry
-        self._loop = loop
+    __slots__ = ()
 
     def __repr__(self) -> str:
-        return f"Sent({self._entry.message_id!r}, {self._entry.view().describe()})"
+        return f"Sent({self.message_id!r}, {self.view().describe()})"
 
     @property
     def id(self) -> str:
-        return self._entry.message_id
+        return self.message_id
 
     @property
     def fate(self) -> MessageFate:
         """The message's fate now (``pending`` until decided)."""
-        return self._entry.view()
+        return self.view()
 
     async def wait(self) -> MessageFate:
         """Wait until the fate is decided and return it. A quiet prompt or retained input
         may stay pending until something else runs; bound the wait if that matters."""
-        if self._entry.kind != "pending":
-            return self._entry.view()
-        waiter: asyncio.Future[MessageFate] = self._loop.create_future()
+        if self.kind != "pending":
+            return self.view()
+        waiter: asyncio.Future[MessageFate] = asyncio.get_running_loop().create_future()
 
         def decided(fate: MessageFate) -> None:
             if not waiter.done():
                 waiter.set_result(fate)
-        self._entry.on_final(decided)
+        self.on_final(decided)
         return await waiter
 
 
