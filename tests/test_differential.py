@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import pytest
+from fate_checks import LedgeredCore, fate_problems
 from hypothesis import HealthCheck, Phase, event, given, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -255,7 +256,7 @@ class DifferentialMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.core: AgentCore
+        self.core: LedgeredCore
         self.model: ModelAgent
         self.spec: dict[str, Any] = {}
         self.trace: list[dict[str, JsonLike]] = []
@@ -279,7 +280,7 @@ class DifferentialMachine(RuleBasedStateMachine):
     def setup(self, max_parallel: int, publish: bool, seeded: bool) -> None:
         self.spec = {"max_parallel": max_parallel, "publish": publish, "seeded": seeded}
         config = make_config(self.spec)
-        self.core = AgentCore(config, log=new_log(seeded))
+        self.core = LedgeredCore(config, log=new_log(seeded))   # RT26: the fates, beside
         self.model = ModelAgent(config, log=new_log(seeded))
         # R20.1 on the machine's stream, the ledger starting at each accepted command.
         self.monitor = InvariantMonitor(self.core, self.core, sees_inputs=True)
@@ -367,9 +368,13 @@ class DifferentialMachine(RuleBasedStateMachine):
             if a is None:
                 self.queue_empty = True
                 self.monitored(lambda: self.monitor.poll(quiet=True))
+                problems = fate_problems(self.core, self.monitor)    # RT26: one fate each
+                if problems:
+                    self.fail("message fates: " + "; ".join(problems))
                 break
             self.pulled += 1
             pulled += 1
+            self.core.ledger.output(a)
             self.observe(a)
             self.monitored(functools.partial(self.monitor.output, a))
             self.tracker.output(a)

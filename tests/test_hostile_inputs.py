@@ -44,6 +44,7 @@ from dataclasses import fields, is_dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from fate_checks import LedgeredCore, fate_problems
 from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -620,7 +621,7 @@ def chunking(number: int, chunk: dict[str, Any]) -> Call:
 class HostileInputs(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.a: AgentCore
+        self.a: LedgeredCore
         self.b: AgentCore
         self.m: ModelAgent
         self.monitor: InvariantMonitor
@@ -637,7 +638,7 @@ class HostileInputs(RuleBasedStateMachine):
         start from a finished turn or inside a running one."""
         config = CoreConfig(request_options={"provider": "p", "model": "m"},
                             tool_modes=TOOL_MODES, max_parallel_tool_calls=parallel)
-        self.a = AgentCore(config, log=SessionLog(clock=counting_clock()))
+        self.a = LedgeredCore(config, log=SessionLog(clock=counting_clock()))
         self.b = AgentCore(config, log=SessionLog(clock=counting_clock()))
         self.m = ModelAgent(config, log=SessionLog(clock=counting_clock()))
         self.monitor = InvariantMonitor(self.a, self.a)
@@ -682,11 +683,14 @@ class HostileInputs(RuleBasedStateMachine):
             outputs = [agent.next_output() for agent in (self.a, self.b, self.m)]
             if outputs[0] is not None:
                 self.monitor.output(outputs[0])
+                self.a.ledger.output(outputs[0])
             shown = [None if o is None else rendered(o) for o in outputs]
             assert shown[0] == shown[1], ("A and B diverge", shown[0], shown[1])
             assert shown[0] == shown[2], ("machine and model diverge", shown[0], shown[2])
             if outputs[0] is None:
                 self.monitor.poll(quiet=True)
+                problems = fate_problems(self.a, self.monitor)   # RT26: one fate each
+                assert not problems, problems
                 return
 
     def check_never_stopped(self) -> None:
@@ -920,6 +924,8 @@ class HostileInputs(RuleBasedStateMachine):
             self.pull(10_000)
         assert self.a.disposed and self.b.disposed and self.m.disposed, "dispose() did not complete"
         self.monitor.poll(quiet=True)
+        undecided = self.a.ledger.pending()                   # RT26: torn down, all decided
+        assert not undecided, undecided
 
 
 HostileInputs.TestCase.settings = settings.get_profile(PROFILE)

@@ -8,18 +8,19 @@ One test, in steps (each asserts what a new user would see):
    tests and spec included;
 2. the wheel installs only ``machine`` (the reference model as ``machine._model``, the spec
    and the conformance kit in ``machine/_specs``) and carries the metadata of
-   ``turnstile-agent`` (SPDX license, license file, classifiers, the ``testing`` extra);
+   ``turnstile-agent`` (SPDX license, license file, classifiers, the ``testing`` and
+   ``typed`` extras);
 3. it is installed into a fresh virtual environment without extras, and from an empty
    directory holding a hostile ``model.py`` the commands run: ``--version``, ``check`` (the
    shipped corpus), ``check --port "turnstile adapter" --tag scenario --json``, ``demo``,
    ``explore --model``, ``log validate`` of a shipped example, ``python -m
    machine.conformance.corpus --check`` (the corpus's authoring code rebuilds the shipped
    corpus); ``machine.testing`` names its missing extra;
-4. with the ``testing``, ``mcp`` and ``tracing`` extras and the OpenTelemetry SDK added,
-   every python block of the README runs there.
+4. with the ``testing``, ``typed``, ``mcp`` and ``tracing`` extras and the OpenTelemetry
+   SDK added, every python block of the README runs there.
 
-Nothing is cached between runs except pip's own download cache of ``transitions`` and
-``hypothesis``: the wheel is built from scratch each time.
+Nothing is cached between runs except pip's own download cache of ``transitions``,
+``hypothesis`` and ``pydantic``: the wheel is built from scratch each time.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def test_the_wheel_installs_alone_and_works_from_an_empty_directory(tmp_path: Pa
     assert shipped <= in_wheel, f"the wheel lacks {sorted(shipped - in_wheel)[:10]}"
     for line in ("Name: turnstile-agent", "License-Expression: MIT", "License-File: LICENSE",
                  "Requires-Dist: transitions>=0.9.1", "Provides-Extra: testing",
+                 "Provides-Extra: typed",
                  "Classifier: Typing :: Typed", "Description-Content-Type: text/markdown"):
         assert line in metadata.splitlines(), line
     assert "\n# turnstile\n" in metadata and "pip install turnstile-agent" in metadata
@@ -159,7 +161,7 @@ def test_the_wheel_installs_alone_and_works_from_an_empty_directory(tmp_path: Pa
 
     # 4. with the extras they use (and the OpenTelemetry SDK, the application's choice of
     # tracing backend), the README's examples run as written
-    _run([*pip, f"{wheel}[testing,mcp,tracing]", "opentelemetry-sdk"], cwd=tmp_path,
+    _run([*pip, f"{wheel}[testing,typed,mcp,tracing]", "opentelemetry-sdk"], cwd=tmp_path,
          env=environ)
     readme = _run([python, str(ROOT / "tests" / "readme_examples.py"), str(ROOT / "README.md")],
                   cwd=empty, env=env)

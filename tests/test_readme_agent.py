@@ -1,6 +1,7 @@
 """The README's examples that need a model server run against the fake server (specs/runtime.md
-RT15): every ```python block after a ``<!-- readme: not run (needs an OpenAI-compatible server...``
-marker (the README runner skips those blocks; this test runs them)."""
+RT15, RT21-RT24): every ```python block after a ``<!-- readme: not run (needs an
+OpenAI-compatible server...`` marker (the README runner skips those blocks; these tests run
+them): the opening agent (a typed tool, a structured result) and the resumed streaming agent."""
 
 from __future__ import annotations
 
@@ -21,9 +22,38 @@ def server_blocks() -> list[str]:
     return re.findall(re.escape(MARKER) + r"[^\n]*-->\n```python\n(.*?)```", text, re.S)
 
 
+def server_block(containing: str) -> str:
+    (block,) = [block for block in server_blocks() if containing in block]
+    return block
+
+
+def test_RT21_RT22_RT23_the_readme_opening_agent_calls_its_typed_tool_and_returns_a_forecast(
+        tmp_path: Path) -> None:
+    block = server_block("output_type=Forecast")
+    assert len([line for line in block.splitlines() if line.strip()]) <= 17
+    with FakeServer.start_in_thread([
+            openai_tool_calls(("call_1", "weather", '{"city": "Lyon"}')),
+            openai_text('{"city": "Lyon", "high_c": 21.5, "summary": "Clear and mild"}',
+                        pieces=3)]) as server:
+        env = {**os.environ, "OPENAI_BASE_URL": server.openai_base_url,
+               "OPENAI_API_KEY": "test", "PYTHONPATH": str(ROOT)}
+        run = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout == ("city='Lyon' high_c=21.5 summary='Clear and mild' "
+                              "(17 tokens, turn 1)\n")
+        first, second = (request.json for request in server.requests)
+        assert first["tools"][0]["function"]["parameters"] == {
+            "additionalProperties": False, "type": "object", "required": ["city"],
+            "properties": {"city": {"type": "string"}}}
+        assert first["response_format"]["json_schema"]["strict"] is True
+        assert second["messages"][-1] == {
+            "role": "tool", "tool_call_id": "call_1",
+            "content": '{"city":"Lyon","high_c":21.5,"sky":"clear"}'}
+
+
 def test_RT15_the_readme_agent_runs_against_the_fake_server_and_resumes(tmp_path: Path) -> None:
-    blocks = server_blocks()
-    assert len(blocks) == 1
+    blocks = [server_block("read_file")]
     (tmp_path / "README.md").write_text("turnstile routes messages.\n", encoding="utf-8")
     with FakeServer.start_in_thread([
             openai_tool_calls(("c1", "read_file", '{"path": "README.md"}')),

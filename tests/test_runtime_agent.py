@@ -22,6 +22,7 @@ from machine.runtime import (
     InMemorySink,
     PersistentSession,
     ScriptedModel,
+    Sent,
     text_reply,
 )
 from machine.store import JsonlStore
@@ -38,7 +39,7 @@ def msg(id_: str, text: str, plugin: str | None = None) -> dict[str, Any]:
 
 
 def returned(command: Callable[[], object]) -> object:
-    """What *command* returned: the commands are typed to return None, which RT4 asserts."""
+    """What *command* returned (cancel is typed to return None, which RT4 asserts)."""
     return command()
 
 
@@ -46,23 +47,28 @@ def types(events: Any) -> list[str]:
     return [e.type for e in events]
 
 
-def test_commands_return_none_at_once_and_have_taken_effect() -> None:
-    """RT4: commands are synchronous, return None and have taken effect when they return."""
+def test_commands_take_effect_at_once_and_sends_return_their_message() -> None:
+    """RT4: commands are synchronous and have taken effect when they return; a send returns
+    the accepted message's `Sent` (its id and fate so far, RT26), cancel returns None."""
     async def main() -> None:
         async with Agent(ScriptedModel()) as agent:
             seen: list[str] = []
             agent.on("agent/inbox/enqueue",
                      lambda e: seen.append(string(e.payload["placement"])))
-            assert returned(lambda: agent.followup("first")) is None
+            first = agent.followup("first")
+            assert isinstance(first, Sent) and first.id == "user-1"
+            assert first.fate.kind == "pending" and first.fate.waiting == "queued"
             assert seen == ["queued"] and agent.status == "idle" and agent.core.wake_pending
-            assert returned(lambda: agent.inject(msg("c", "context", "shell"))) is None
+            context = agent.inject(msg("c", "context", "shell"))
             assert types(agent.session.events) == ["user/message"]       # appended at once
-            assert returned(lambda: agent.send("quiet", target="next-turn", wakeup=False)) is None
-            assert returned(lambda: agent.steer("second")) is None
+            assert (context.id, context.fate.kind, context.fate.seq) == ("c", "appended", 0)
+            assert agent.send("quiet", target="next-turn", wakeup=False).fate.route == "prompt"
+            assert agent.steer("second").fate.waiting == "queued"        # the window is closed
             assert returned(lambda: agent.cancel("user", keep_inbox=True)) is None  # nothing active
             await agent.when_idle()
             starts = [e for e in agent.session.events if e.type == "turn/start"]
             assert len(starts) == 3          # first, quiet (claimed in the same interval), second
+            assert (first.fate.kind, first.fate.turn, first.fate.step) == ("delivered", 1, 1)
     run(main)
 
 

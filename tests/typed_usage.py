@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from typing import assert_type
 
+from pydantic import BaseModel
+
 from machine import Event, LiveEvent, Message, json_default, thaw
 from machine.payloads import (
     AssistantMessageData,
@@ -20,11 +22,20 @@ from machine.payloads import (
 from machine.runtime import (
     RETRY,
     Agent,
+    Approval,
+    Limits,
+    MessageFate,
     Next,
     RequestErrorContext,
     RetryAction,
+    RunEvent,
+    RunOutcome,
+    RunResult,
     ScriptedModel,
+    Sent,
     ToolCall,
+    Usage,
+    calls_reply,
     text_reply,
     tool,
 )
@@ -86,4 +97,51 @@ async def session(store_root: str) -> list[str]:
     async with agent:
         agent.followup("hi")
         await agent.when_idle(timeout=30)
+    return lines
+
+
+class Answer(BaseModel):
+    """A typed answer (RT23)."""
+
+    word: str
+    length: int
+
+
+@tool(requires_approval=lambda call: call.arguments != {"text": "safe"})
+async def count(text: str, call: ToolCall) -> int:
+    """Count the characters of a text (a typed tool, RT22)."""
+    assert_type(call.call_id, str)
+    return len(text)
+
+
+async def runs() -> list[str]:
+    """The run API (RT21), structured output (RT23), limits (RT24), approvals (RT25) and
+    fates (RT26), typed."""
+    lines: list[str] = []
+    model = ScriptedModel([calls_reply(("c1", "count", '{"text": "hello"}')),
+                           calls_reply(("c2", "final_result", '{"word": "hello", "length": 5}')),
+                           text_reply("plain")])
+    async with Agent(model, tools=[count], limits=Limits(steps=5)) as agent:
+        def decide(event: Event) -> None:
+            pending: tuple[Approval, ...] = agent.approvals
+            agent.approve(pending[0].call_id)
+        agent.on("approval/request", decide)
+        typed = await agent.run("count hello", output_type=Answer)
+        assert_type(typed, RunResult[Answer])
+        answer = typed.output
+        assert_type(answer, Answer)
+        outcome: RunOutcome = typed.outcome
+        usage: Usage = typed.usage
+        lines.append(f"{answer.word} {answer.length} {outcome} {usage.requests}")
+        stream = agent.stream("and now?")
+        async for item in stream:
+            assert_type(item, RunEvent)
+            lines.append(item.type)
+        plain = await stream.result()
+        assert_type(plain.output, str)
+        sent = agent.inject("noted")
+        assert_type(sent, Sent)
+        fate = await sent.wait()
+        assert_type(fate, MessageFate)
+        lines.append(fate.describe())
     return lines

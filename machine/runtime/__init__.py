@@ -3,23 +3,34 @@
 The runtime adds I/O and no semantics: it delivers the core's outputs to
 listeners synchronously, runs hooks, the model and tools as asyncio tasks, and
 feeds their results back (specs/runtime.md, rules RT1-RT29). Provider adapters are in
-`machine.runtime.adapters` (extras ``[openai]``, ``[anthropic]``).
+`machine.runtime.adapters` (extras ``[openai]``, ``[anthropic]``); typed tools and
+structured output need ``[typed]`` (pydantic).
 
 ::
 
     from machine.runtime import Agent, ScriptedModel, text_reply
 
     async with Agent(ScriptedModel([text_reply("hello")])) as agent:
-        agent.followup("hi")
-        await agent.when_idle()
+        result = await agent.run("hi")          # RT21: the prompt's outcome as a value
+        print(result.outcome, result.output)
 """
 
 from __future__ import annotations
 
 import warnings
 
-from machine.runtime.agent import ALL_EVENTS, Agent, DurableEventType, LiveEventType, MessageLike
+from machine.runtime.agent import (
+    ALL_EVENTS,
+    Agent,
+    DurableEventType,
+    LiveEventType,
+    MessageLike,
+    OutputMode,
+)
+from machine.runtime.approvals import Approval, ApprovalError
+from machine.runtime.control import LimitExceededError, Limits, OutputInvalidError
 from machine.runtime.failures import AgentTimeoutError, ModelFailure, RaisedError, error_info
+from machine.runtime.fates import FateKind, MessageFate, Rejection, Route
 from machine.runtime.hooks import (
     Hooks,
     JsonValue,
@@ -42,6 +53,7 @@ from machine.runtime.model import (
     RequestDraft,
     RequestPreparer,
     ScriptedModel,
+    StructuredOutput,
     calls_reply,
     default_header,
     text_reply,
@@ -54,9 +66,20 @@ from machine.runtime.retry import (
     retry_request,
     sleep_unless_aborted,
 )
+from machine.runtime.run import (
+    NoOutputError,
+    OutputValidationError,
+    RunEvent,
+    RunOutcome,
+    RunResult,
+    RunStream,
+    Sent,
+    Usage,
+)
 from machine.runtime.signal import AbortError, Signal
 from machine.runtime.sink import InMemorySink, PersistentSession, SessionSink
 from machine.runtime.tools import (
+    ApprovalPolicy,
     Tool,
     ToolArgumentError,
     ToolCall,
@@ -87,27 +110,39 @@ __all__ = [
     "Agent",
     "AgentTimeoutError",
     "Allow",
+    "Approval",
+    "ApprovalError",
+    "ApprovalPolicy",
     "Block",
     "CancelCause",
     "Chunk",
     "DurableEventType",
     "ErrorInfo",
+    "FateKind",
     "Hang",
     "Hooks",
     "InMemorySink",
     "JsonValue",
+    "LimitExceededError",
+    "Limits",
     "LiveEventType",
     "LlmFailure",
     "Message",
+    "MessageFate",
     "MessageLike",
     "ModelAdapter",
     "ModelCall",
     "ModelFailure",
     "Next",
+    "NoOutputError",
+    "OutputInvalidError",
+    "OutputMode",
+    "OutputValidationError",
     "PersistentSession",
     "PromptDecision",
     "PromptSubmit",
     "RaisedError",
+    "Rejection",
     "Reply",
     "RequestContext",
     "RequestDraft",
@@ -115,11 +150,18 @@ __all__ = [
     "RequestPreparer",
     "RetryAction",
     "RetryPolicy",
+    "Route",
+    "RunEvent",
+    "RunOutcome",
+    "RunResult",
+    "RunStream",
     "ScriptedModel",
+    "Sent",
     "Serial",
     "SessionSink",
     "Signal",
     "StepContext",
+    "StructuredOutput",
     "Tool",
     "ToolArgumentError",
     "ToolCall",
@@ -129,6 +171,7 @@ __all__ = [
     "ToolResult",
     "TurnStopping",
     "Unsubscribe",
+    "Usage",
     "Waterfall",
     "calls_reply",
     "default_header",

@@ -25,6 +25,9 @@ the loop resumes from there (rules RT1-RT7).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
+import json
 import logging
 import math
 import warnings
@@ -32,30 +35,84 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Literal, TypeAlias, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar, cast, overload
 
 from machine import events as ev
 from machine.core import AgentCore, CoreConfig
-from machine.errors import ProtocolError, ValidationError
+from machine.core.tools import plan_arguments
+from machine.errors import DisposedError, ProtocolError, ValidationError
 from machine.events import Event, LiveEvent
-from machine.io import MODEL, TICK, Control, Durable, Effect, Input, Live, Output
-from machine.jsonvalue import FrozenDict, snapshot
+from machine.io import (
+    MODEL,
+    PROMPT_SUBMIT,
+    TICK,
+    Append,
+    Control,
+    Dispose,
+    Durable,
+    Effect,
+    Input,
+    Live,
+    Output,
+    Send,
+)
+from machine.jsonvalue import FrozenDict, snapshot, thaw
 from machine.log import SessionLog
+from machine.runtime.approvals import (
+    APPROVAL_DECISION,
+    APPROVAL_REQUEST,
+    Approval,
+    ApprovalError,
+    Approvals,
+    Decision,
+    decision_data,
+    pending_in,
+    request_data,
+)
+from machine.runtime.control import Limits, RunControl
 from machine.runtime.environment import Environment, Immediate, SystemPrompt, Work
 from machine.runtime.failures import CANCELLED, EXITS, AgentTimeoutError, error_info
+from machine.runtime.fates import _DURABLE, _LIVE, FateLedger, MessageFate
 from machine.runtime.hooks import Hooks, JsonValue, Unsubscribe
-from machine.runtime.model import Chunk, ModelAdapter, ModelCall, RequestPreparer
+from machine.runtime.model import (
+    Chunk,
+    ModelAdapter,
+    ModelCall,
+    RequestPreparer,
+    StructuredOutput,
+)
 from machine.runtime.retry import RetryPolicy
+from machine.runtime.run import RunResult, RunStream, Sent, _RunTracker, result_of
 from machine.runtime.signal import Signal
 from machine.runtime.sink import InMemorySink, PersistentSession, SessionSink
-from machine.runtime.tools import Tool, ToolRegistry
+from machine.runtime.tools import Tool, ToolArgumentError, ToolCall, ToolRegistry, result_json
 from machine.store.errors import SessionNotFoundError, UnreadableSessionError
 from machine.store.resume import check_readable
 from machine.store.types import LoadMode, LoadReport, SessionStore
-from machine.vocabulary import CancelCause, ErrorInfo, Message, Target, user_message
+from machine.vocabulary import (
+    DISPOSED_CAUSE,
+    FOLLOWUP,
+    INJECT,
+    STEER,
+    CancelCause,
+    ErrorInfo,
+    Message,
+    SendOptions,
+    Target,
+    ToolResult,
+    user_message,
+)
+
+if TYPE_CHECKING:
+    from machine.runtime.typed import OutputSpec
 
 __all__ = ["ALL_EVENTS", "Agent", "DurableEventType", "LiveEventType", "MessageLike",
-           "SystemPrompt"]
+           "OutputMode", "SystemPrompt"]
+
+OutputT = TypeVar("OutputT")
+#: How a run's structured output reaches the model (RT23): the provider's native structured
+#: output when the adapter has it, else a final-answer tool (``auto``), or one of them.
+OutputMode: TypeAlias = Literal["auto", "native", "tool"]
 
 LOGGER: Final = logging.getLogger("turnstile")
 
@@ -65,7 +122,7 @@ ALL_EVENTS: Final = frozenset({"*", "session/event"})
 DurableEventType: TypeAlias = Literal[
     "turn/start", "turn/end", "step/start", "step/end", "user/message", "steering/message",
     "assistant/chunk", "assistant/message", "tool/call", "tool/result", "todo/write",
-    "request/header", "*", "session/event"]
+    "request/header", "approval/request", "approval/decision", "*", "session/event"]
 LiveEventType: TypeAlias = Literal[
     "agent/status", "agent/inbox/enqueue", "agent/inbox/dequeue", "agent/inbox/discard",
     "agent/context/discard", "agent/cancel-requested", "agent/settled", "agent/error",
@@ -79,6 +136,14 @@ CauseLike: TypeAlias = "Literal['user', 'parent'] | CancelCause | Mapping[str, J
 
 #: Finished work waiting for the next pass: the core's completion method and its arguments.
 _Completion: TypeAlias = tuple[Callable[..., None], int, object]
+E = TypeVar("E", Event, LiveEvent)
+#: What a delivery of one output type goes through: the agent's own watcher (or None), then
+#: the listeners.
+_Route: TypeAlias = "tuple[Callable[[E], object] | None, tuple[_Subscription, ...]]"
+#: How many decided fates the agent keeps queryable by message id (RT26).
+FATE_HISTORY: Final = 1_000
+#: The source of the messages that hand a resumed approval's outcome to the model (RT25).
+APPROVAL_SOURCE: Final = {"kind": "plugin", "plugin": "approvals"}
 
 
 @dataclass(eq=False, slots=True)
@@ -134,7 +199,7 @@ class Agent:
                  session_start: Literal["startup", "resume"] = "startup", publish: bool = True,
                  clock: Callable[[], float] | None = None,
                  retry_policy: RetryPolicy | None = None,
-                 store: SessionSink | None = None) -> None:
+                 store: SessionSink | None = None, limits: Limits | None = None) -> None:
         if store is not None:
             warnings.warn("Agent(store=...) is deprecated: pass sink=...", DeprecationWarning,
                           stacklevel=2)
@@ -142,6 +207,10 @@ class Agent:
                 raise TypeError("Agent() takes sink= or the deprecated store=, not both")
             sink = store
         self._model = model
+        if limits is not None and not isinstance(limits, Limits):
+            raise TypeError(f"limits must be a Limits, not {type(limits).__name__}")
+        #: The limits of every turn (RT24); a run's own limits override them field by field.
+        self.limits = limits
         registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
         if retry_policy is None:
             offered = getattr(model, "retry_policy", None)
@@ -172,8 +241,10 @@ class Agent:
         #: The listeners of each durable and live type, and the observers (effects and
         #: controls), computed on first use and forgotten at every (un)subscription, so each
         #: delivery walks only the listeners it calls.
-        self._durable_routes: dict[str, tuple[_Subscription, ...]] = {}
-        self._live_routes: dict[str, tuple[_Subscription, ...]] = {}
+        #: Each entry also holds the agent's own watcher of that type (the fate ledger's,
+        #: runs', limits', approvals'), so a delivery makes one look-up for both.
+        self._durable_routes: dict[str, _Route[Event]] = {}
+        self._live_routes: dict[str, _Route[LiveEvent]] = {}
         self._observers: tuple[_Subscription, ...] | None = None
         self._signals: dict[int, Signal] = {}
         self._ready: deque[_Completion] = deque()
@@ -189,6 +260,37 @@ class Agent:
         self._closers: list[Callable[[], Awaitable[object]]] = []
         self._append = self._env.sink.append      # the sink is fixed for the agent's life
         self._minted = 0
+        #: Every accepted message's fate, read off the outputs (RT26), and the runs (RT21):
+        #: those not ended yet, and the one whose chain is running.
+        self._ledger = ledger = FateLedger(core, keep=FATE_HISTORY, entry_type=Sent)
+        self._trackers: set[_RunTracker[Any]] = set()
+        self._chain: _RunTracker[Any] | None = None
+        self._durable_watch: dict[str, Callable[[Event], object]] = {
+            type_: functools.partial(handler, ledger) for type_, handler in _DURABLE.items()}
+        self._durable_watch[ev.TURN_START] = self._turn_started
+        self._live_watch: dict[str, Callable[[LiveEvent], None]] = {
+            type_: functools.partial(handler, ledger) for type_, handler in _LIVE.items()}
+        self._live_watch[ev.SETTLED] = self._settled
+        self._live_watch[ev.AGENT_DISPOSED] = self._torn_down
+        self._live_watch[ev.ERROR] = self._agent_error
+        #: Approvals (RT25): the book, the tools that ask for them, what a resumed session
+        #: left pending (offered again at the first pump), the turn's signal for policies.
+        self._approvals = Approvals(self._cancel_approval)
+        self._gated = any(item.requires_approval for item in registry) or bool(
+            registry.fallback is not None and registry.fallback.requires_approval)
+        self._env.approvals = self._approvals if self._gated else None
+        self._durable_watch[APPROVAL_REQUEST] = self._approval_written
+        self._durable_watch[APPROVAL_DECISION] = self._approval_written
+        if self._gated:
+            self._durable_watch[ev.TOOL_RESULT] = self._tool_result
+            self._durable_watch[ev.TURN_END] = self._turn_ended
+            self._durable_watch[ev.ASSISTANT_MESSAGE] = self._assistant_message
+        self._reoffer = pending_in(session.events) if session is not None else []
+        for approval in self._reoffer:
+            self._approvals.asked(approval, None)
+        self._turn_signal: Signal | None = None
+        self._resumed_signal = Signal(0)          # what a resumed approval's tool runs under
+        self._approval_tasks: set[asyncio.Task[None]] = set()
         #: What `resume` found when it loaded the session (None: not resumed from a store).
         self.load_report: LoadReport | None = None
         #: How a tick is resolved: by default on the next pass of the event loop.
@@ -202,7 +304,8 @@ class Agent:
                request_options: Mapping[str, JsonValue] | None = None,
                max_parallel_tool_calls: int = 10, publish: bool = True,
                clock: Callable[[], float] | None = None,
-               retry_policy: RetryPolicy | None = None, reads: Iterable[str] = ()) -> Agent:
+               retry_policy: RetryPolicy | None = None, reads: Iterable[str] = (),
+               limits: Limits | None = None) -> Agent:
         """An agent that continues the stored session *session_id* of *store* (RT17).
 
         The session is loaded in *mode* (``strict`` raises `DamageError` on damage;
@@ -225,8 +328,9 @@ class Agent:
                 raise
             store.create(session_id)
         else:
-            try:
-                check_readable(session_id, result.events, reads)
+            try:                    # the runtime reads its approval events (RT25)
+                check_readable(session_id, result.events,
+                               (*reads, APPROVAL_REQUEST, APPROVAL_DECISION))
             except UnreadableSessionError:
                 store.release(session_id)
                 raise
@@ -240,7 +344,7 @@ class Agent:
                     max_parallel_tool_calls=max_parallel_tool_calls,
                     sink=PersistentSession(store, session_id, release=True), session=log,
                     session_start="startup" if log is None else "resume", publish=publish,
-                    clock=clock, retry_policy=retry_policy)
+                    clock=clock, retry_policy=retry_policy, limits=limits)
         agent.load_report = report
         return agent
 
@@ -320,31 +424,50 @@ class Agent:
     # Commands (never block; each has fully taken effect when it returns)
     # ------------------------------------------------------------------
 
-    def send(self, message: MessageLike, *, target: Target, wakeup: bool) -> None:
-        """Route *message* (reference §5): ``target`` ``next-turn`` or ``next-step``."""
+    def send(self, message: MessageLike, *, target: Target, wakeup: bool) -> Sent:
+        """Route *message* (reference §5): ``target`` ``next-turn`` or ``next-step``.
+        Returns the accepted message's `Sent` (its id and fate, RT26)."""
         self._bind()
-        self._core.send(self._message(message), {"target": target, "wakeup": wakeup})
-        self._commanded()
+        given = self._message(message)
+        window, seq = self._core.accepts_next_step, len(self._core.log)
+        self._core.send(given, {"target": target, "wakeup": wakeup})
+        return self._accepted(given, SendOptions(target, wakeup), window, seq)
 
-    def followup(self, message: MessageLike) -> None:
+    def followup(self, message: MessageLike) -> Sent:
         """``send(target='next-turn', wakeup=True)``: a prompt of its own turn."""
         self._bind()
-        self._core.followup(self._message(message))
-        self._commanded()
+        given = self._message(message)
+        self._core.followup(given)
+        return self._accepted(given, FOLLOWUP, False, 0)
 
-    def steer(self, message: MessageLike) -> None:
+    def steer(self, message: MessageLike) -> Sent:
         """``send(target='next-step', wakeup=True)``: steering if the window is open, else a
         queued prompt."""
         self._bind()
-        self._core.steer(self._message(message))
-        self._commanded()
+        given = self._message(message)
+        window = self._core.accepts_next_step
+        self._core.steer(given)
+        return self._accepted(given, STEER, window, 0)
 
-    def inject(self, message: MessageLike) -> None:
+    def inject(self, message: MessageLike) -> Sent:
         """``send(target='next-step', wakeup=False)``: staged context if the window is open,
         else appended at once (no turn)."""
         self._bind()
-        self._core.inject(self._message(message))
+        given = self._message(message)
+        window, seq = self._core.accepts_next_step, len(self._core.log)
+        self._core.inject(given)
+        return self._accepted(given, INJECT, window, seq)
+
+    def _accepted(self, message: Message | Mapping[str, JsonValue], options: SendOptions,
+                  window: bool, seq: int) -> Sent:
+        """The core accepted *message* (routed against *window*; an inject with the window
+        closed appended it at *seq*): its fate is followed from here (RT26), then its
+        outputs are delivered."""
+        raw_id = message.id if isinstance(message, Message) else message["id"]
+        message_id = str.__str__(raw_id) if isinstance(raw_id, str) else str(raw_id)
+        sent = self._ledger.accept(message_id, options, window, seq)
         self._commanded()
+        return cast(Sent, sent)              # the ledger makes its records as `Sent`s
 
     def cancel(self, cause: CauseLike = "user", keep_inbox: bool = False) -> None:
         """Cancel the current activity (and, unless *keep_inbox*, what is pending).
@@ -367,13 +490,24 @@ class Agent:
         event = self._core.append(type, data, surface_op=surface_op,
                                   source_event_seqs=None if source_event_seqs is None
                                   else list(source_event_seqs), ignorable=ignorable)
+        self._ledger.direct_append(event.seq)
         self._commanded()
         return event
 
     def _feed(self, item: Input) -> None:
         """Apply a command given as data (rule P9), exactly as the command methods do."""
         self._bind()
-        self._core.feed(item)
+        core = self._core
+        window, seq = core.accepts_next_step, len(core.log)
+        if isinstance(item, Dispose):
+            self._ledger.dispose_requested()
+        core.feed(item)
+        if isinstance(item, Send):
+            message = Message.from_json(snapshot(item.message))
+            self._ledger.accept(message.id, SendOptions.from_json(snapshot(item.options)),
+                                window, seq)
+        elif isinstance(item, Append):
+            self._ledger.direct_append(seq)
         self._commanded()
 
     def dispose(self, *, timeout: float | None = None) -> Awaitable[None]:
@@ -393,7 +527,12 @@ class Agent:
             return done
         waiter: asyncio.Future[None] = loop.create_future()
         self._dispose_waiters.append(waiter)
+        self._ledger.dispose_requested()
         self._core.dispose()
+        try:
+            self._resumed_signal._abort(DISPOSED_CAUSE)
+        except BaseException as exc:      # only an exit is raised again (Signal._abort)
+            self._contain(exc, "an abort listener")
         self._commanded()
         self._settle_waiters()
         return loop.create_task(self._finish_disposal(waiter, timeout))
@@ -417,7 +556,7 @@ class Agent:
         if not self._delivering:
             self._pump(feed=False)
         waiter: asyncio.Future[None] = loop.create_future()
-        if self._core.is_quiescent or self._core.disposed:
+        if (self._core.is_quiescent and not self._approval_tasks) or self._core.disposed:
             waiter.set_result(None)
             return waiter
         self._idle_waiters.append(waiter)
@@ -433,6 +572,391 @@ class Agent:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         await self.dispose()
+
+    # ------------------------------------------------------------------
+    # Runs (RT21) and fates (RT26)
+    # ------------------------------------------------------------------
+
+    @overload
+    async def run(self, prompt: MessageLike, *, output_type: None = None,
+                  output_retries: int = 2, output_name: str = "final_result",
+                  output_mode: OutputMode = "auto", limits: Limits | None = None
+                  ) -> RunResult[str]: ...
+
+    @overload
+    async def run(self, prompt: MessageLike, *, output_type: type[OutputT],
+                  output_retries: int = 2, output_name: str = "final_result",
+                  output_mode: OutputMode = "auto", limits: Limits | None = None
+                  ) -> RunResult[OutputT]: ...
+
+    async def run(self, prompt: MessageLike, *, output_type: type[Any] | None = None,
+                  output_retries: int = 2, output_name: str = "final_result",
+                  output_mode: OutputMode = "auto", limits: Limits | None = None
+                  ) -> RunResult[Any]:
+        """Send *prompt* as a follow-up and return what it came to once its run has ended:
+        its turn and the retry turns of its chain, or its admission's rejection, or its
+        discard (RT21). Cancelling the awaiting task does not cancel the turn
+        (``agent.cancel()`` does). Never awaited from the agent's own work.
+
+        With *output_type* (a pydantic model, a dataclass, a TypedDict or any type pydantic
+        describes; the ``[typed]`` extra) the run's output is that type's validated value
+        (RT23): through the provider's native structured output when the adapter has it
+        (``output_mode`` ``auto`` or ``native``), else through a final-answer tool named
+        *output_name* (``tool``); an invalid answer is re-asked at most *output_retries*
+        times, then the turn ends ``OUTPUT_INVALID`` and ``result.output`` raises
+        `OutputValidationError`.
+
+        *limits* bound the run's turns (RT24); a field left None is the agent's."""
+        tracker = self._start_run(prompt, False, output_type, output_retries, output_name,
+                                  output_mode, limits)
+        return await tracker.done
+
+    @overload
+    def stream(self, prompt: MessageLike, *, output_type: None = None,
+               output_retries: int = 2, output_name: str = "final_result",
+               output_mode: OutputMode = "auto", limits: Limits | None = None
+               ) -> RunStream[str]: ...
+
+    @overload
+    def stream(self, prompt: MessageLike, *, output_type: type[OutputT],
+               output_retries: int = 2, output_name: str = "final_result",
+               output_mode: OutputMode = "auto", limits: Limits | None = None
+               ) -> RunStream[OutputT]: ...
+
+    def stream(self, prompt: MessageLike, *, output_type: type[Any] | None = None,
+               output_retries: int = 2, output_name: str = "final_result",
+               output_mode: OutputMode = "auto", limits: Limits | None = None
+               ) -> RunStream[Any]:
+        """Send *prompt* as a follow-up and return its `RunStream`: ``async for event in
+        stream`` yields the run's durable events and the notifications delivered while it
+        runs, in order, until it has ended; ``await stream.result()`` is its `RunResult`.
+        The options are `run`'s."""
+        return RunStream(self._start_run(prompt, True, output_type, output_retries,
+                                         output_name, output_mode, limits))
+
+    def _start_run(self, prompt: MessageLike, streaming: bool, output_type: type[Any] | None,
+                   output_retries: int, output_name: str, output_mode: OutputMode,
+                   limits: Limits | None) -> _RunTracker[Any]:
+        self._bind()
+        if limits is not None and not isinstance(limits, Limits):
+            raise TypeError(f"limits must be a Limits, not {type(limits).__name__}")
+        spec, native = self._output(output_type, output_retries, output_name, output_mode)
+        effective = limits.over(self.limits) if limits is not None else self.limits
+        entry = self.followup(prompt)
+        loop = self._loop
+        assert loop is not None
+
+        def finish(tracker: _RunTracker[Any]) -> RunResult[Any]:
+            self._trackers.discard(tracker)
+            return result_of(tracker, structured=spec is not None)
+
+        tracker: _RunTracker[Any] = _RunTracker(entry, loop, streaming=streaming,
+                                                finish=finish)
+        if spec is not None or (effective is not None and effective.any):
+            tracker.control = RunControl(tracker, spec, native, output_retries, self.steer,
+                                         effective)
+        entry.run = tracker
+        self._trackers.add(tracker)
+
+        def decided(fate: MessageFate) -> None:
+            if fate.kind != "delivered" and not tracker.turns:
+                tracker.end()       # blocked, rejected or discarded: no turn ran
+        entry.on_final(decided)
+        return tracker
+
+    def _output(self, output_type: type[Any] | None, retries: int, name: str,
+                mode: OutputMode) -> tuple[OutputSpec[Any] | None, Mapping[str, JsonValue] | None]:
+        """The run's structured output (RT23): its spec and the adapter's native options
+        (None: the final-answer tool). Checked before anything is sent."""
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValidationError("output_retries", f"must be a non-negative integer, not "
+                                  f"{retries!r}")
+        if mode not in ("auto", "native", "tool"):
+            raise ValidationError("output_mode", f"{mode!r} is not 'auto', 'native' or 'tool'")
+        if output_type is None:
+            return None, None
+        from machine.runtime.typed import OutputSpec  # the [typed] extra
+        spec = OutputSpec(output_type, name=name)
+        native: Mapping[str, JsonValue] | None = None
+        if mode != "tool" and isinstance(self._model, StructuredOutput):
+            native = self._model.output_options(spec.schema, spec.name, spec.description)
+        if mode == "native" and native is None:
+            raise ValidationError("output_mode", "the model adapter takes no native structured "
+                                  f"output for {output_type!r}")
+        if native is None and name in self.tools:
+            raise ValidationError("output_name", f"{name!r} is the name of one of the agent's "
+                                  "tools: the final-answer tool needs a name of its own")
+        return spec, native
+
+    def fate(self, message_id: str) -> MessageFate | None:
+        """The fate of the latest accepted message with this id (RT26): ``pending`` until
+        decided; None if no such message was accepted (or it was decided long ago)."""
+        return self._ledger.fate(message_id)
+
+    def fates(self, message_id: str | None = None) -> tuple[MessageFate, ...]:
+        """The fates of every remembered accepted message (with this id), oldest first."""
+        return self._ledger.fates(message_id)
+
+    def _turn_started(self, event: Event) -> None:
+        ledger = self._ledger
+        kind = ledger._turn_start(event)
+        if kind == "retry":                     # R13.3: the chain goes on
+            if self._chain is not None:
+                self._chain.turn_started(event)
+            if self._env.control is not None:
+                self._env.control.turn_started()
+            return
+        if self._chain is not None:             # never expected: a chain without settled
+            self._end_chain()
+        admitted = ledger.admitted
+        tracker = admitted.run if admitted is not None else None
+        control: RunControl | None = None
+        if isinstance(tracker, _RunTracker):
+            self._chain = tracker
+            self._routes_changed()
+            tracker.turn_started(event)
+            tracker.durable(event)
+            if isinstance(tracker.control, RunControl):
+                control = tracker.control
+        elif self.limits is not None and self.limits.any:    # RT24: every turn's limits
+            control = RunControl(None, None, None, 0, self.steer, self.limits)
+        if control is not self._env.control:
+            self._set_control(control)
+        if control is not None:
+            control.turn_started()
+
+    def _set_control(self, control: RunControl | None) -> None:
+        """Install what the running chain's run adds (or nothing): the environment asks it
+        at the chain's effects, and the agent hands it each assistant message's usage (the
+        watcher is there only while something needs it, approvals or a control)."""
+        self._env.control = control
+        wanted = control is not None or self._gated
+        if wanted != (ev.ASSISTANT_MESSAGE in self._durable_watch):
+            if wanted:
+                self._durable_watch[ev.ASSISTANT_MESSAGE] = self._assistant_message
+            else:
+                del self._durable_watch[ev.ASSISTANT_MESSAGE]
+            self._durable_routes.pop(ev.ASSISTANT_MESSAGE, None)
+
+    def _assistant_message(self, event: Event) -> None:
+        control = self._env.control
+        if control is not None:                 # RT24 counts the turn's tokens
+            control.add_usage(event.data.get("usage"))
+        if self._gated:
+            self._ask_approvals(event)
+
+    # ------------------------------------------------------------------
+    # Approvals (RT25)
+    # ------------------------------------------------------------------
+
+    @property
+    def approvals(self) -> tuple[Approval, ...]:
+        """The pending approvals (RT25), in the order they were asked: those of the running
+        turn, and those a resumed session left (``resumed``)."""
+        return self._approvals.pending()
+
+    def approve(self, call_id: str) -> None:
+        """Approve the pending call *call_id* (RT25): ``approval/decision {approved}`` is
+        written and made durable, then the call runs. A resumed approval's tool runs at once
+        and its result goes to the model as a follow-up of its own (a new turn)."""
+        approval = self._pending_approval(call_id)
+        self._write_decision(approval, "approved", None)
+        if approval.resumed:
+            self._start_resumed(approval)
+
+    def deny(self, call_id: str, reason: str | None = None) -> None:
+        """Deny the pending call *call_id* (RT25): ``approval/decision {denied, reason}`` is
+        written; the call's result is the error ``Error: the tool call was denied: <reason>``
+        (code ``TOOL_CALL_DENIED``), which the model reads. A resumed approval's denial
+        reaches the model as injected context."""
+        if reason is not None and not isinstance(reason, str):
+            raise ValidationError("reason", f"must be a string or None, not {reason!r}")
+        approval = self._pending_approval(call_id)
+        self._write_decision(approval, "denied", reason)
+        if approval.resumed:
+            self.inject(user_message(
+                f"approval-{approval.call_id}",
+                f"The tool call {approval.call_id} to {approval.name} with arguments "
+                f"{_json_text(approval.arguments)}, which was waiting for approval when the "
+                f"session was interrupted, was denied{': ' + reason if reason else ''}.",
+                APPROVAL_SOURCE))
+
+    def _pending_approval(self, call_id: str) -> Approval:
+        self._bind()
+        if self._core.disposed:
+            raise DisposedError("the agent is disposed; only dispose() may be called")
+        approval = self._approvals.get(call_id) if isinstance(call_id, str) else None
+        if approval is None:
+            raise ApprovalError(f"no pending approval for tool call {call_id!r}")
+        return approval
+
+    def _write_decision(self, approval: Approval, decision: Decision, reason: str | None, *,
+                        final: bool = False) -> None:
+        """Write the decision (durable before the call goes on, `_approval_written`), then
+        release the held call."""
+        self._core.append(APPROVAL_DECISION, decision_data(approval, decision, reason),
+                          ignorable=True)
+        self._approvals.decide(approval.call_id, decision, reason, final=final)
+        self._commanded()
+
+    def _cancel_approval(self, call_id: str, reason: str) -> None:
+        approval = self._approvals.get(call_id)
+        if approval is not None and not self._core.disposed:
+            self._write_decision(approval, "cancelled", reason, final=True)
+
+    def _ask_approvals(self, event: Event) -> None:
+        """The model's message asks for calls (R9.9): each call of a tool that requires
+        approval is announced by an ``approval/request``, appended right after the message
+        (R0.6), and held (the environment's prepare waits for its decision)."""
+        message = event.message
+        if message is None or not message.tool_calls:
+            return
+        turn, step = event.data.get("turn"), event.data.get("step")
+        if type(turn) is not int or type(step) is not int:
+            return
+        signal = self._turn_signal if self._turn_signal is not None else Signal(0)
+        control = self._env.control
+        for block in message.tool_calls:
+            name, call_id = str(block.get("name")), str(block.get("id"))
+            found = self._env.tools.get(name)
+            if found is None or not found.requires_approval or (
+                    control is not None and control.tool(name) is not None):
+                continue
+            arguments = thaw(plan_arguments(str(block.get("arguments", ""))))
+            if not self._needs_approval(found, ToolCall(call_id, name, arguments, turn, step,
+                                                        signal)):
+                continue
+            approval = Approval(call_id, name, arguments, turn, step, len(self._core.log))
+            self._core.append(APPROVAL_REQUEST, request_data(approval), ignorable=True)
+            self._approvals.asked(approval, self._loop)
+
+    @staticmethod
+    def _needs_approval(found: Tool, call: ToolCall) -> bool:
+        policy = found.requires_approval
+        if policy is not True:
+            try:
+                if not policy(call):        # type: ignore[operator]
+                    return False
+            except Exception as exc:        # a failing policy asks: the safe side
+                LOGGER.warning("the approval policy of tool %r raised (approval asked): %s",
+                               found.name, error_info(exc).rendered())
+        if found.validate_arguments is not None:
+            try:
+                found.validate_arguments(call.arguments)
+            except ToolArgumentError:       # the call gets its validation error (RT22)
+                return False
+        return True
+
+    def _approval_written(self, event: Event) -> None:
+        """An approval event was delivered (so appended to the sink): flush the sink, so a
+        pending approval survives a crash and a decision is durable before its call runs."""
+        try:
+            flushing = self._env.sink.flush()
+        except BaseException as exc:
+            self._contain(exc, f"the session sink's flush of {event.type} (seq {event.seq})")
+            return
+        if flushing is not None and self._loop is not None:
+            self._approvals.flushing = self._loop.create_task(_flushed(flushing))
+
+    def _tool_result(self, event: Event) -> None:
+        """A call has its result: an approval it still waits for is cancelled (a limit
+        refused the call, or the turn's abort left it unstarted)."""
+        self._ledger.durable(event)
+        message = event.message
+        block = message.content[0] if message is not None and message.content else None
+        call_id = block.get("toolCallId") if isinstance(block, FrozenDict) else None
+        if isinstance(call_id, str) and self._approvals.forget(call_id):
+            error = event.data.get("error")
+            code = error.get("code") if isinstance(error, FrozenDict) else None
+            self._cancel_approval(call_id, "the tool call limit was reached"
+                                  if code == "TOOL_CALL_LIMIT" else "the turn was cancelled")
+
+    def _turn_ended(self, event: Event) -> None:
+        self._ledger._turn_end(event)
+        turn = event.data.get("turn")
+        if type(turn) is int:
+            for call_id in self._approvals.of_turn(turn):
+                if self._approvals.forget(call_id):
+                    self._cancel_approval(call_id, "the turn ended before the call was "
+                                          "prepared")
+
+    def _reoffer_approvals(self) -> None:
+        """A resumed session's pending approvals are offered again (RT25): one
+        ``approval/request {reoffer: true}`` each, at the agent's first pump."""
+        reoffer, self._reoffer = self._reoffer, []
+        if self._core.disposed:
+            return
+        for approval in reoffer:
+            if self._approvals.get(approval.call_id) is None:
+                continue
+            seq = len(self._core.log)
+            self._core.append(APPROVAL_REQUEST, request_data(approval, reoffer=True),
+                              ignorable=True)
+            self._approvals.asked(dataclasses.replace(approval, seq=seq), None)
+
+    def _start_resumed(self, approval: Approval) -> None:
+        loop = self._loop
+        assert loop is not None
+        task = loop.create_task(self._run_resumed(approval),
+                                name=f"turnstile-approved-{approval.call_id}")
+        self._tasks.add(task)
+        self._approval_tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_resumed(self, approval: Approval) -> None:
+        """An approved resumed call (RT25): its turn was closed by the crash repair, so the
+        tool runs here (prepare, body, finalize) and its result goes to the model as a
+        follow-up, its contexts injected first."""
+        try:
+            found = self._env.tools.get(approval.name)
+            call = ToolCall(approval.call_id, approval.name, approval.arguments, approval.turn,
+                            approval.step, self._resumed_signal)
+            text, contexts = await _run_tool(found, call)
+            if self._core.disposed:
+                return
+            for context in contexts:
+                self.inject(context)
+            self.followup(user_message(
+                f"approval-{approval.call_id}",
+                f"The tool call {approval.call_id} to {approval.name} with arguments "
+                f"{_json_text(approval.arguments)} was waiting for approval when the session "
+                f"was interrupted. It was approved and has now run. Its result:\n{text}",
+                APPROVAL_SOURCE))
+        finally:
+            task = asyncio.current_task()
+            if task is not None:
+                self._approval_tasks.discard(task)
+            self._settle_waiters()
+
+    def _settled(self, event: LiveEvent) -> None:
+        """``agent/settled``: the chain's last turn is closed and flushed (R12.5); the run's
+        record has taken it already (its route, `_live_route`)."""
+        if self._chain is not None:
+            self._end_chain()
+        elif self._env.control is not None:
+            self._set_control(None)
+
+    def _end_chain(self) -> None:
+        chain, self._chain = self._chain, None
+        if self._env.control is not None:
+            self._set_control(None)
+        if chain is not None:
+            self._routes_changed()
+            chain.end()
+
+    def _torn_down(self, event: LiveEvent) -> None:
+        self._ledger._disposed(event)
+        self._end_runs()
+
+    def _agent_error(self, event: LiveEvent) -> None:
+        self._ledger._error(event)
+        if self._core.failure is not None:     # P16: the core stopped; no run goes on
+            self._end_runs()
+
+    def _end_runs(self) -> None:
+        self._end_chain()
+        for tracker in list(self._trackers):
+            tracker.end()
 
     # ------------------------------------------------------------------
     # Subscriptions
@@ -478,17 +1002,37 @@ class Agent:
 
     def _route(self, type_: str | None, durable: bool) -> tuple[_Subscription, ...]:
         """The subscriptions an output of *type_* (None: an effect or control) goes to, in
-        registration order; remembered until the next (un)subscription."""
+        registration order (the observers' are remembered until the next
+        (un)subscription)."""
         subs = tuple(s for s in self._subs
                      if s.type is None or (type_ is not None and (
                          s.type == type_ or (durable and s.type in ALL_EVENTS))))
         if type_ is None:
             self._observers = subs
-        elif durable:
-            self._durable_routes[type_] = subs
-        else:
-            self._live_routes[type_] = subs
         return subs
+
+    def _durable_route(self, type_: str) -> _Route[Event]:
+        """The route of a durable type: the agent's watcher of it and, while a run's chain
+        is running, that run's record of every event (RT21), then the listeners."""
+        watch = self._durable_watch.get(type_)
+        chain = self._chain
+        if chain is not None:               # the run's record first (its end may follow)
+            watch = chain.durable if watch is None else _both(chain.durable, watch)
+        route = self._durable_routes[type_] = (watch, self._route(type_, True))
+        return route
+
+    def _live_route(self, type_: str) -> _Route[LiveEvent]:
+        watch = self._live_watch.get(type_)
+        chain = self._chain
+        if chain is not None:
+            watch = chain.live if watch is None else _both(chain.live, watch)
+        route = self._live_routes[type_] = (watch, self._route(type_, False))
+        return route
+
+    def _routes_changed(self) -> None:
+        """The watchers changed (a run's chain began or ended): routes are made again."""
+        self._durable_routes.clear()
+        self._live_routes.clear()
 
     # ------------------------------------------------------------------
     # The pump
@@ -547,6 +1091,8 @@ class Agent:
         the pump once that output's delivery is complete; the next pass pumps on (RT18)."""
         if self._delivering:
             return
+        if self._reoffer:
+            self._reoffer_approvals()
         self._delivering = True
         core = self._core
         try:
@@ -584,7 +1130,8 @@ class Agent:
 
     def _settle_waiters(self) -> None:
         core = self._core
-        if self._idle_waiters and (core.is_quiescent or core.disposed):
+        if self._idle_waiters and ((core.is_quiescent and not self._approval_tasks)
+                                   or core.disposed):
             waiters, self._idle_waiters = self._idle_waiters, []
             for waiter in waiters:
                 if not waiter.done():
@@ -626,9 +1173,12 @@ class Agent:
                 self._append(event)
             except BaseException as exc:
                 self._contain(exc, f"session sink append of {_describe(output)}")
-            subs = self._durable_routes.get(event.type)
-            if subs is None:
-                subs = self._route(event.type, True)
+            route = self._durable_routes.get(event.type)
+            if route is None:
+                route = self._durable_route(event.type)
+            watch, subs = route
+            if watch is not None:
+                watch(event)
             if subs:
                 self._notify(subs, output, event)
         elif kind is Live:
@@ -636,22 +1186,26 @@ class Agent:
             live = output.event
             if live.type == ev.WARNING:
                 LOGGER.warning("agent warning: %s", live.payload.get("text", ""))
-            subs = self._live_routes.get(live.type)
-            if subs is None:
-                subs = self._route(live.type, False)
+            live_route = self._live_routes.get(live.type)
+            if live_route is None:
+                live_route = self._live_route(live.type)
+            live_watch, subs = live_route
+            if live_watch is not None:
+                live_watch(live)
             if subs:
                 self._notify(subs, output, live)
         elif kind is Effect:
             assert isinstance(output, Effect)
-            subs = self._observers
-            if subs is None:
-                subs = self._route(None, False)
-            if subs:
-                self._notify(subs, output, None)
+            observers = self._observers
+            if observers is None:
+                observers = self._route(None, False)
+            if observers:
+                self._notify(observers, output, None)
             self._start(output)
         else:
             assert isinstance(output, Control)
             if output.kind == "abort":
+                self._ledger.abort(output.payload)
                 signal = self._signal(_int(output.payload, "signal"))
                 try:
                     signal._abort(CancelCause.from_json(output.payload["reason"],
@@ -660,11 +1214,11 @@ class Agent:
                     self._contain(exc, "an abort listener")
             else:
                 self._release(_int(output.payload, "effect"))
-            subs = self._observers
-            if subs is None:
-                subs = self._route(None, False)
-            if subs:
-                self._notify(subs, output, None)
+            observers = self._observers
+            if observers is None:
+                observers = self._route(None, False)
+            if observers:
+                self._notify(observers, output, None)
 
     def _notify(self, subs: tuple[_Subscription, ...], output: Output,
                 event: Event | LiveEvent | None) -> None:
@@ -717,11 +1271,15 @@ class Agent:
     def _start(self, effect: Effect) -> None:
         kind = effect.kind
         if kind == TICK:
+            if self._ledger._admitting is not None:    # the rejected admission's (RT26)
+                self._ledger.effect(effect)
             self._on_tick(effect.id)
             return
         loop = self._loop
         assert loop is not None, "effects are delivered by a bound agent"
         if kind == MODEL:
+            if self._gated:                       # the signal approval policies' calls get
+                self._turn_signal = self._signal(_int(effect.payload, "signal"))
             task = loop.create_task(self._stream(effect), name=f"turnstile-model-{effect.id}")
             self._model_tasks[effect.id] = task
         else:
@@ -734,6 +1292,10 @@ class Agent:
                 if isinstance(exc, EXITS):
                     self._contain(exc, "the session sink's flush")
                 return
+            if kind == PROMPT_SUBMIT:                  # the admission's answer (RT26)
+                self._ledger.effect(effect)
+                if not isinstance(work, Immediate):
+                    work = _decided(work, self._ledger, effect.id)
             if isinstance(work, Immediate):
                 self._answer_now(self._core.resolve, effect.id, work.value)
                 return
@@ -890,3 +1452,63 @@ async def _close(iterator: AsyncIterator[Chunk] | None) -> None:
         await aclose()
     except Exception as exc:
         LOGGER.warning("closing a model stream raised: %s", error_info(exc).rendered())
+
+
+async def _flushed(flushing: Awaitable[None]) -> None:
+    try:
+        await flushing
+    except Exception as exc:
+        LOGGER.warning("the session sink's flush of an approval event raised: %s",
+                       error_info(exc).rendered())
+
+
+def _json_text(value: JsonValue) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def _result_text(result: ToolResult) -> str:
+    """A tool result's content as text: its text blocks, any other block as JSON."""
+    parts = []
+    for block in result.content:
+        if isinstance(block, FrozenDict) and block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+        else:
+            parts.append(_json_text(thaw(block)))
+    return "".join(parts)
+
+
+async def _run_tool(found: Tool | None, call: ToolCall) -> tuple[str, tuple[Message, ...]]:
+    """A call run outside any turn (a resumed approval, RT25): prepare, body and finalize as
+    the batch would run them; a raise is the ``Error: <message>`` text (R10.12)."""
+    if found is None:
+        return f"Error: unknown tool {call.name!r}", ()
+    try:
+        prepared = await found.prepare(call) if found.prepare is not None else None
+        if prepared is None:
+            result = ToolResult.from_json(result_json(await found.run(call)))
+            if found.finalize is not None:
+                result = ToolResult.from_json(result_json(await found.finalize(call, result)))
+        else:
+            result = ToolResult.from_json(result_json(prepared))
+    except Exception as exc:
+        return f"Error: {error_info(exc).rendered()}", ()
+    return _result_text(result), result.additional_contexts
+
+
+def _both(first: Callable[[E], object], second: Callable[[E], object]) -> Callable[[E], None]:
+    def both(event: E) -> None:
+        first(event)
+        second(event)
+    return both
+
+
+async def _decided(work: Work, ledger: FateLedger, effect_id: int) -> object:
+    """A prompt-submit's work, its answer noted for the fate ledger (why a prompt is
+    rejected, RT26)."""
+    try:
+        value = await work
+    except BaseException as exc:
+        ledger.completion(effect_id, "raise", error_info(exc))
+        raise
+    ledger.completion(effect_id, "resolve", snapshot(value))
+    return value

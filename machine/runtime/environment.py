@@ -26,6 +26,7 @@ against the core.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Final, TypeAlias
 
@@ -44,6 +45,8 @@ from machine.io import (
     Effect,
 )
 from machine.jsonvalue import Frozen, FrozenDict, FrozenList, freeze, thaw
+from machine.runtime.approvals import Approvals, denied_result
+from machine.runtime.control import RunControl, merge_options
 from machine.runtime.hooks import (
     Hooks,
     JsonValue,
@@ -57,7 +60,14 @@ from machine.runtime.model import RequestDraft, RequestPreparer, default_header
 from machine.runtime.retry import RetryAction, RetryPolicy
 from machine.runtime.signal import Signal
 from machine.runtime.sink import SessionSink
-from machine.runtime.tools import ToolCall, ToolRegistry, result_json, run_body, unknown_tool_result
+from machine.runtime.tools import (
+    Tool,
+    ToolCall,
+    ToolRegistry,
+    result_json,
+    run_body,
+    unknown_tool_result,
+)
 from machine.vocabulary import ALLOW, Allow, Block, ErrorInfo, LlmFailure, Message, ToolResult
 
 __all__ = ["Environment", "Immediate", "SystemPrompt", "perform"]
@@ -95,8 +105,8 @@ class Environment:
     *preparer* is the model adapter's ``prepare`` part (`RequestPreparer`) or ``None``;
     the agent decides it once, at construction."""
 
-    __slots__ = ("hooks", "preparer", "retry_policy", "retry_policy_json", "sink", "system",
-                 "tools")
+    __slots__ = ("approvals", "control", "hooks", "managed", "preparer", "retry_policy",
+                 "retry_policy_json", "sink", "system", "tools")
 
     def __init__(self, *, hooks: Hooks, tools: ToolRegistry, system: JsonValue | SystemPrompt,
                  sink: SessionSink, preparer: RequestPreparer | None,
@@ -108,6 +118,12 @@ class Environment:
         self.preparer = preparer
         self.retry_policy = retry_policy
         self.retry_policy_json = freeze(retry_policy.to_json(), "retry_policy")
+        #: What the running chain's run adds to its turns (RT23, RT24); None: nothing.
+        self.control: RunControl | None = None
+        #: Request options a run added (RT23), taken back out of later requests.
+        self.managed: dict[str, tuple[object, JsonValue]] = {}
+        #: The agent's approvals (RT25): the calls whose prepare waits for a decision.
+        self.approvals: Approvals | None = None
 
     def start(self, effect: Effect, signal: Signal | None) -> Work | Immediate:
         """Begin *effect*'s work: the coroutine to await, or its value (`Immediate`).
@@ -124,13 +140,19 @@ class Environment:
             if not chain:
                 return Immediate(_ALLOW_JSON)
             return self._prompt_submit(Message.from_json(payload["message"]), signal, chain)
+        control = self.control
         if kind == TURN_STOPPING:
             stopping = hooks.turn_stopping.snapshot()
+            if control is not None and control.stops_turn:
+                return self._turn_stopping(TurnStopping(_int(payload, "turn"), signal), stopping,
+                                           control)
             if not stopping:
                 return _NOTHING
             return hooks.turn_stopping.run(TurnStopping(_int(payload, "turn"), signal), stopping)
         turn, step = _int(payload, "turn"), _int(payload, "step")
         if kind == STEP_HOOK:
+            if control is not None:
+                control.check_step(turn, step)      # raises to end the turn (RT23, RT24)
             serial = hooks.step.snapshot()
             if not serial:
                 return _NOTHING
@@ -146,8 +168,12 @@ class Environment:
             prompt: Frozen = payload.get("system")
             request = hooks.request.snapshot()
             if not request and self.preparer is None:
+                config: Mapping[str, JsonValue] = seed
+                tools = self.tools.spec_tuple()
+                if control is not None or self.managed:
+                    config, tools = self._run_request(seed)
                 return Immediate(self._with_policy(default_header(
-                    RequestDraft(turn, step, signal, seed, prompt, self.tools.spec_tuple()))))
+                    RequestDraft(turn, step, signal, config, prompt, tools))))
             return self._request(RequestContext(turn, step, signal, seed, prompt), request)
         if kind == REQUEST_ERROR:
             recovery = hooks.request_error.snapshot()
@@ -173,8 +199,9 @@ class Environment:
 
     async def _request(self, context: RequestContext, chain: tuple[Any, ...]) -> object:
         config = await self.hooks.request.run(context, context.config, chain)
+        config, tools = self._run_request(config)
         draft = RequestDraft(context.turn, context.step, context.signal, config, context.system,
-                             self.tools.spec_tuple())
+                             tools)
         if self.preparer is not None:
             return self._with_policy(await self.preparer.prepare(draft))
         return self._with_policy(default_header(draft))
@@ -198,6 +225,50 @@ class Environment:
         except ValidationError:
             return self.retry_policy
 
+    def _run_request(self, config: Mapping[str, JsonValue]
+                     ) -> tuple[Mapping[str, JsonValue], tuple[JsonValue, ...]]:
+        """The request config and tool specs with what the running chain's run adds
+        (RT23: native structured-output options or the final-answer tool), and without
+        the options an earlier run added (the seed is the last header's config, R9.6)."""
+        control = self.control
+        tools = self.tools.spec_tuple()
+        if control is None and not self.managed:
+            return config, tools
+        native = control.native if control is not None else None
+        config = merge_options(config, native or {}, self.managed)
+        if control is not None and control.tool_specs:
+            tools = tools + control.tool_specs
+        return config, tools
+
+    async def _approved(self, found: Tool, call: ToolCall, approvals: Approvals) -> JsonValue:
+        """A held call's prepare (RT25): the application's decision first. Approved: the
+        tool's own prepare, if any; denied: the error result the model reads; the turn's
+        signal aborted first: the approval is cancelled and the call not dispatched (the
+        core's check after prepare gives it the aborted-before-dispatch result, R10.3)."""
+        decided = await approvals.take(call.call_id, call.signal)
+        if decided is None:
+            cause = call.signal.reason
+            approvals.cancel(call.call_id, "the turn was "
+                             + ("disposed" if cause is not None and cause.kind == "disposed"
+                                else "cancelled"))
+            return None
+        flushing = approvals.flushing                 # the decision is durable before it runs
+        if flushing is not None and not flushing.done():
+            await asyncio.wait((flushing,))
+        decision, reason = decided
+        if decision != "approved":
+            return denied_result(reason)
+        if found.prepare is None:
+            return None
+        return result_json(await found.prepare(call))
+
+    async def _turn_stopping(self, context: TurnStopping, chain: tuple[Any, ...],
+                             control: RunControl) -> None:
+        """The turn-stopping handlers, then the run's own check (RT23)."""
+        if chain:
+            await self.hooks.turn_stopping.run(context, chain)
+        await control.turn_stopping(context)
+
     async def _request_error(self, context: RequestErrorContext, chain: tuple[Any, ...]
                              ) -> object:
         action = await self.hooks.request_error.run(context, None, chain)
@@ -206,17 +277,32 @@ class Environment:
     def _tool_stage(self, kind: str, payload: FrozenDict, turn: int, step: int,
                     signal: Signal) -> Work | Immediate:
         name = str(payload["name"])
-        found = self.tools.get(name)
+        control = self.control
+        found = None
+        if control is not None:
+            if kind == TOOL_PREPARE:
+                refused = control.refuse_call(name)      # RT24: one call too many
+                if refused is not None:
+                    return Immediate(refused)
+            found = control.tool(name)
+        if found is None:
+            found = self.tools.get(name)
         if kind == TOOL_FINALIZE and (found is None or found.finalize is None):
             return Immediate(payload["result"])     # the body's result as it is
         if found is None:
             return Immediate(unknown_tool_result(name))
-        if kind == TOOL_PREPARE and found.prepare is None:
+        approvals = self.approvals
+        held = (kind == TOOL_PREPARE and approvals is not None
+                and approvals.holds(str(payload["callId"])))
+        if kind == TOOL_PREPARE and found.prepare is None and not held:
             return _NOTHING
         call = ToolCall(str(payload["callId"]), name, thaw(payload["arguments"]), turn, step,
                         signal)
         if kind == TOOL_EXECUTE:
             return run_body(found, call)
+        if held:
+            assert approvals is not None
+            return self._approved(found, call, approvals)
         if kind == TOOL_PREPARE:
             assert found.prepare is not None
             return _stage(found.prepare, call)

@@ -47,7 +47,8 @@ from machine.scripted import calls_reply, text_reply
 from machine.vocabulary import ErrorInfo, Message
 
 __all__ = ["Chunk", "Hang", "ModelAdapter", "ModelCall", "Reply", "RequestDraft",
-           "RequestPreparer", "ScriptedModel", "calls_reply", "default_header", "text_reply"]
+           "RequestPreparer", "ScriptedModel", "StructuredOutput", "calls_reply",
+           "default_header", "text_reply"]
 
 #: One model chunk as JSON (rule V18).
 Chunk: TypeAlias = Mapping[str, JsonValue]
@@ -97,6 +98,15 @@ class RequestDraft:
 
 
 @runtime_checkable
+class StructuredOutput(Protocol):
+    """Optional adapter part (RT23): a run's structured output as request options the
+    provider takes natively, or None (the run then uses a final-answer tool)."""
+
+    def output_options(self, schema: Mapping[str, JsonValue], name: str,
+                       description: str | None) -> Mapping[str, JsonValue] | None: ...
+
+
+@runtime_checkable
 class RequestPreparer(Protocol):
     """Optional adapter part: build the request header ``{config, system?, tools?}``."""
 
@@ -135,15 +145,24 @@ class ScriptedModel:
     """A model adapter that plays *replies* in order (then ``text_reply('ok')``).
 
     ``calls`` records every request. With *chunk_delay* (seconds) each chunk
-    after the first is preceded by a sleep, so observers see a live stream."""
+    after the first is preceded by a sleep, so observers see a live stream. With
+    *native_output* it takes a run's structured output natively (RT23): the request config
+    gets ``{"output_schema": schema}``, and the replies play the JSON answer."""
 
     def __init__(self, replies: Iterable[Reply] = (), *, provider: str = "scripted",
-                 model: str = "scripted-1", chunk_delay: float | None = None) -> None:
+                 model: str = "scripted-1", chunk_delay: float | None = None,
+                 native_output: bool = False) -> None:
         self.replies: list[Reply] = list(replies)
         self.provider = provider
         self.model = model
         self.chunk_delay = chunk_delay
+        self.native_output = native_output
         self.calls: list[ModelCall] = []
+
+    def output_options(self, schema: Mapping[str, JsonValue], name: str,
+                       description: str | None) -> dict[str, JsonValue] | None:
+        """Native structured output (RT23) when made with *native_output*."""
+        return {"output_schema": dict(schema)} if self.native_output else None
 
     @property
     def default_config(self) -> dict[str, JsonValue]:

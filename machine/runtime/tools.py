@@ -21,17 +21,18 @@ result of the step; ``concludesTurn`` ends the turn after the step.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Final, Literal, TypeAlias, TypeVar, overload
+from typing import Any, Final, Literal, TypeAlias, TypeVar, overload
 
 from machine.errors import ValidationError
 from machine.runtime.hooks import JsonValue
 from machine.runtime.signal import Signal
 from machine.vocabulary import ToolResult
 
-__all__ = ["Tool", "ToolArgumentError", "ToolCall", "ToolMode", "ToolOutput", "ToolRegistry",
-           "tool"]
+__all__ = ["ApprovalPolicy", "Tool", "ToolArgumentError", "ToolCall", "ToolMode", "ToolOutput",
+           "ToolRegistry", "tool"]
 
 ToolMode: TypeAlias = Literal["exclusive", "parallel"]
 
@@ -120,6 +121,8 @@ class _Verbatim:
 
 
 ToolOutput: TypeAlias = "ToolResult | str | Mapping[str, JsonValue] | _Verbatim"
+#: Whether one call needs the application's approval (RT25).
+ApprovalPolicy: TypeAlias = "Callable[[ToolCall], bool]"
 Body: TypeAlias = Callable[[ToolCall], Awaitable[ToolOutput]]
 Prepare: TypeAlias = Callable[[ToolCall], Awaitable["ToolOutput | None"]]
 Finalize: TypeAlias = Callable[[ToolCall, ToolResult], Awaitable[ToolOutput]]
@@ -127,7 +130,12 @@ Finalize: TypeAlias = Callable[[ToolCall, ToolResult], Awaitable[ToolOutput]]
 
 @dataclass(frozen=True, slots=True)
 class Tool:
-    """A tool the model can call (see the module docstring)."""
+    """A tool the model can call (see the module docstring).
+
+    ``validate_arguments`` (typed tools, RT22) checks a call's arguments without running
+    anything: it raises `ToolArgumentError` naming what is wrong. ``requires_approval``
+    (RT25): each call is held until the application approves or denies it; a function of
+    the call decides per call (called when the model's message arrives: keep it quick)."""
 
     name: str
     run: Body
@@ -136,6 +144,8 @@ class Tool:
     parameters: Mapping[str, JsonValue] | None = None
     prepare: Prepare | None = None
     finalize: Finalize | None = None
+    validate_arguments: Callable[[JsonValue], object] | None = None
+    requires_approval: bool | ApprovalPolicy = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -153,15 +163,59 @@ class Tool:
         return out
 
 
-def tool(name: str | None = None, *, mode: ToolMode = "exclusive", description: str | None = None,
-         parameters: Mapping[str, JsonValue] | None = None) -> Callable[[Body], Tool]:
-    """Decorator: make a `Tool` from an async body (name and description default to the
-    function's name and docstring)."""
+@overload
+def tool(name: Callable[..., Awaitable[Any]] | Callable[..., Any], /) -> Tool: ...
 
-    def make(body: Body) -> Tool:
+
+@overload
+def tool(name: str | None = None, /, *, mode: ToolMode = "exclusive",
+         description: str | None = None, parameters: Mapping[str, JsonValue] | None = None,
+         requires_approval: bool | ApprovalPolicy = False,
+         ) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(name: str | Callable[..., Any] | None = None, /, *, mode: ToolMode = "exclusive",
+         description: str | None = None, parameters: Mapping[str, JsonValue] | None = None,
+         requires_approval: bool | ApprovalPolicy = False,
+         ) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Decorator: make a `Tool` of a function (``@tool`` or ``@tool(...)``); the name and
+    description default to the function's name and docstring.
+
+    * A *typed* function (RT22: typed parameters, any return value) gets its parameters'
+      JSON Schema from its signature and docstring and its arguments validated before it
+      runs; it needs the ``[typed]`` extra (pydantic).
+    * A body of one `ToolCall` (its one parameter annotated ``ToolCall``, or an
+      unannotated one named ``call``), or any function given *parameters*, is used as it
+      is: *parameters* is the hand-written JSON Schema, advertised, not enforced.
+
+    *requires_approval* holds each call for the application's decision (RT25)."""
+
+    def make(body: Callable[..., Any]) -> Tool:
+        tool_name = name if isinstance(name, str) else body.__name__
+        if parameters is None and takes_typed_arguments(body):
+            from machine.runtime.typed import typed_tool  # the [typed] extra
+            return typed_tool(body, name=tool_name, mode=mode, description=description,
+                              requires_approval=requires_approval)
         doc = description if description is not None else (body.__doc__ or "").strip() or None
-        return Tool(name or body.__name__, body, mode, doc, parameters)
+        return Tool(tool_name, body, mode, doc, parameters, requires_approval=requires_approval)
+    if callable(name):
+        return make(name)
     return make
+
+
+def takes_typed_arguments(function: Callable[..., object]) -> bool:
+    """Whether *function* is a typed tool (RT22) rather than a body of one `ToolCall`: a
+    body has exactly one parameter, annotated ``ToolCall``, or unannotated and named
+    ``call``."""
+    parameters = list(inspect.signature(function).parameters.values())
+    if len(parameters) != 1:
+        return True
+    annotation = parameters[0].annotation
+    if annotation is inspect.Parameter.empty:
+        return parameters[0].name != "call"
+    if isinstance(annotation, str):          # `from __future__ import annotations`
+        return annotation.rsplit(".", 1)[-1] != "ToolCall"
+    return annotation is not ToolCall
 
 
 class ToolRegistry:

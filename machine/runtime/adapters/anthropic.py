@@ -74,6 +74,7 @@ from machine.runtime.adapters.common import (
     usage,
 )
 from machine.runtime.adapters.common import api_key as api_key_for
+from machine.runtime.adapters.schemas import anthropic_format
 from machine.runtime.hooks import JsonValue
 from machine.runtime.model import Chunk, ModelCall
 from machine.runtime.retry import RetryPolicy
@@ -115,6 +116,9 @@ class AnthropicMessages:
     ``ANTHROPIC_API_KEY``; with a *base_url* and no key, a placeholder), *timeout*,
     *client*, *options* (``max_tokens`` defaults to 4096), *retry_policy*, *label* and
     *direct* as for `OpenAIChat` (direct by default for a plain ``AsyncAnthropic``).
+    *native_output*: a run's structured output (RT23) as ``output_config.format``
+    ``json_schema`` when the schema allows it (`output_options`), else the run uses a
+    final-answer tool.
     """
 
     def __init__(self, model: str, *, provider: str = "anthropic", base_url: str | None = None,
@@ -122,7 +126,8 @@ class AnthropicMessages:
                  client: anthropic.AsyncAnthropic | None = None,
                  options: Mapping[str, JsonValue] | None = None,
                  retry_policy: RetryPolicy | None = None,
-                 label: Labeller | None = context_label, direct: bool | None = None) -> None:
+                 label: Labeller | None = context_label, direct: bool | None = None,
+                 native_output: bool = True) -> None:
         self.options = {"max_tokens": DEFAULT_MAX_TOKENS,
                         **adapter_options(model, provider, options, RESERVED_OPTIONS)}
         self.model = model
@@ -136,6 +141,17 @@ class AnthropicMessages:
         self.retry_policy = retry_policy if retry_policy is not None else RetryPolicy()
         self.label = label
         self._bodies = MessagesBodies(label=label)
+        self.native_output = native_output
+
+    def output_options(self, schema: Mapping[str, Any], name: str, description: str | None
+                       ) -> dict[str, JsonValue] | None:
+        """A run's structured output (RT23) as request options: ``output_config.format``;
+        None without *native_output* or when the schema has what Anthropic's structured
+        outputs refuse (an open object, recursion)."""
+        if not self.native_output:
+            return None
+        format_ = anthropic_format(schema)
+        return None if format_ is None else {"output_config": {"format": format_}}
 
     @property
     def default_config(self) -> dict[str, JsonValue]:

@@ -79,6 +79,7 @@ from machine.runtime.adapters.common import (
     usage,
 )
 from machine.runtime.adapters.common import api_key as api_key_for
+from machine.runtime.adapters.schemas import openai_format
 from machine.runtime.hooks import JsonValue
 from machine.runtime.model import Chunk, ModelCall
 from machine.runtime.retry import RetryPolicy
@@ -126,6 +127,9 @@ class OpenAIChat:
     * *direct*: send the body this adapter encodes (W10) through the client's transport
       (default: for a plain ``AsyncOpenAI`` client) rather than through the SDK's
       ``chat.completions.create``, which transforms the whole history on every request.
+    * *native_output*: a run's structured output (RT23) as ``response_format`` ``json_schema``
+      (`output_options`); default: only when *provider* is ``openai`` (DeepSeek and most
+      compatible servers take JSON mode at most), else the run uses a final-answer tool.
     """
 
     def __init__(self, model: str, *, provider: str = "openai", base_url: str | None = None,
@@ -134,7 +138,7 @@ class OpenAIChat:
                  options: Mapping[str, JsonValue] | None = None,
                  retry_policy: RetryPolicy | None = None, send_reasoning: bool = False,
                  label: Labeller | None = context_label, include_usage: bool = True,
-                 direct: bool | None = None) -> None:
+                 direct: bool | None = None, native_output: bool | None = None) -> None:
         self.options = adapter_options(model, provider, options, RESERVED_OPTIONS)
         self.model = model
         self.provider = provider
@@ -149,6 +153,15 @@ class OpenAIChat:
         self.label = label
         self.include_usage = include_usage
         self._bodies = ChatBodies(send_reasoning=send_reasoning, label=label)
+        self.native_output = provider == "openai" if native_output is None else native_output
+
+    def output_options(self, schema: Mapping[str, Any], name: str, description: str | None
+                       ) -> dict[str, JsonValue] | None:
+        """A run's structured output (RT23) as request options: ``response_format``
+        ``json_schema`` (strict when the schema allows it); None without *native_output*."""
+        if not self.native_output:
+            return None
+        return {"response_format": openai_format(schema, name, description)}
 
     @property
     def default_config(self) -> dict[str, JsonValue]:
