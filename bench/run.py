@@ -25,7 +25,7 @@ from bench.common import Section, load_text, machine_description
 
 ROOT = Path(__file__).resolve().parents[1]
 ITEMS = ("throughput", "runtime", "dispatch", "explore", "oracle", "stores", "memory",
-         "load-memory", "snapshot", "providers", "tracing")
+         "load-memory", "snapshot", "providers", "tracing", "peers")
 
 
 def run_item(name: str, quick: bool, context: dict[str, Any], options: argparse.Namespace
@@ -66,6 +66,9 @@ def run_item(name: str, quick: bool, context: dict[str, Any], options: argparse.
     if name == "tracing":
         from bench import tracing
         return tracing.run(quick)
+    if name == "peers":
+        from bench import peers
+        return peers.run(quick)
     raise ValueError(f"unknown item {name!r}; known: {', '.join(ITEMS)}")
 
 
@@ -181,6 +184,15 @@ def summary(sections: dict[str, Section]) -> list[str]:
             add("… ÷ pydantic-ai's OpenAI path, same history, same run (next / first)",
                 f"× {figures['pydantic_ai_over_now']:,.0f} / "
                 f"× {figures['pydantic_ai_over_now_first']:,.1f}")
+    if "peers" in sections:
+        figures = sections["peers"].figures.get("summary", {})
+        for messages in sorted({int(key.split("/")[1]) for key in figures}):
+            peers = [(name, figures[f"{how}/{messages}"]) for name, how in
+                     (("pydantic-ai", "pydantic-ai"), ("OpenAI Agents SDK", "agents-sdk"))
+                     if f"{how}/{messages}" in figures]
+            add(f"CPU per agent turn at {messages:,} messages, the peer ÷ turnstile (SDK encoding "
+                "counted, running session)", ", ".join(f"{name} × {ratio:,.1f}"
+                                                        for name, ratio in peers))
     if "oracle" in sections:
         figures = sections["oracle"].figures
         add(f"verify-trace, {figures['lines']:,}-event trace",

@@ -17,7 +17,7 @@ from bench import run as bench_run  # noqa: E402
 SECTIONS = ("## Machine", "## Summary", "## 1. Core throughput", "## 2. The same workloads",
             "## 3. Per-transition dispatch cost", "## 4. Exploration", "## 5. Oracle speed",
             "## 6. Session stores", "## 7. Memory", "## 8. Memory of a session load",
-            "## 10. Provider requests")
+            "## 10. Provider requests", "## 11. A turn beside the peers")
 
 
 def test_a_quick_run_writes_every_section(tmp_path: Path) -> None:
@@ -41,6 +41,11 @@ def test_a_quick_run_writes_every_section(tmp_path: Path) -> None:
     assert "ceiling if keys and checks cost nothing" in text
     # Provider requests: through each adapter, and against the adapters before issue 27
     assert "| OpenAIChat |" in text and "| AnthropicMessages at 1d2aea6 |" in text
+    # A whole turn: turnstile's own agent always, each peer's or the reason it was not run
+    assert "| turnstile Agent + OpenAIChat |" in text
+    for peer in ("pydantic-ai Agent + OpenAIChatModel",
+                 "OpenAI Agents SDK + OpenAIChatCompletionsModel"):
+        assert f"{peer}: " in text or f"| {peer} | —" not in text, peer
 
 
 def test_an_item_runs_in_its_own_process(tmp_path: Path) -> None:
