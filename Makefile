@@ -116,10 +116,12 @@ corpus: $(STAMP_RUN)
 # Benchmarks (issue #8): runs every item in bench/ (one process each) and writes BENCHMARKS.md
 # with the machine description. Takes about 20 minutes; no timing is asserted anywhere.
 # `$(BIN)/python -m bench.run --quick --out /tmp/b.md` is a seconds-long smoke run.
+# `make bench BEFORE=<rev>` adds item before-after: the commit <rev> against the working tree,
+# measured in the same run (bench/before_after.py).
 $(STAMP_BENCH): pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	touch $@
 
 .PHONY: bench
 bench: $(STAMP_RUN) $(STAMP_BENCH)
-	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.run $(if $(BEFORE),--before $(BEFORE))

@@ -25,7 +25,9 @@ from bench.common import Section, load_text, machine_description
 
 ROOT = Path(__file__).resolve().parents[1]
 ITEMS = ("throughput", "runtime", "dispatch", "explore", "oracle", "stores", "memory",
-         "load-memory", "snapshot", "providers", "tracing", "peers")
+         "load-memory", "snapshot", "providers", "tracing", "peers", "before-after")
+#: Items that run only when asked for with their option (``--before REV``).
+ON_REQUEST = ("before-after",)
 
 
 def run_item(name: str, quick: bool, context: dict[str, Any], options: argparse.Namespace
@@ -69,6 +71,9 @@ def run_item(name: str, quick: bool, context: dict[str, Any], options: argparse.
     if name == "peers":
         from bench import peers
         return peers.run(quick)
+    if name == "before-after":
+        from bench import before_after
+        return before_after.run(quick, before=options.before)
     raise ValueError(f"unknown item {name!r}; known: {', '.join(ITEMS)}")
 
 
@@ -91,6 +96,8 @@ def run_subprocess(name: str, quick: bool, context: dict[str, Any],
             command.append("--quick")
         if options.explore_budget is not None:
             command += ["--explore-budget", str(options.explore_budget)]
+        if options.before is not None:
+            command += ["--before", options.before]
         subprocess.run(command, cwd=ROOT, check=True)
         return _section_from_json(json.loads(result.read_text(encoding="utf-8")))
 
@@ -226,6 +233,11 @@ def summary(sections: dict[str, Section]) -> list[str]:
         cells = [f"{kind} {figures[key]['file_bytes'] / 1e6:,.0f} MB: "
                  f"{figures[key]['ratio']:.2f}" for kind, key in largest_run.items() if key]
         add("JSONL load, resident memory growth ÷ file size", ", ".join(cells))
+    if "before-after" in sections:
+        from bench import before_after
+        figures = sections["before-after"].figures
+        add(f"before and after: CPU per unit, working tree against {figures['before']} "
+            f"(same run, {figures['rounds']} rounds)", before_after.summary(figures))
     return lines
 
 
@@ -267,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the items in this process instead of one process each")
     parser.add_argument("--explore-budget", type=float, default=None, metavar="SECONDS",
                         help="time budget of each exploration depth (0: exhaust every depth)")
+    parser.add_argument("--before", metavar="REV", default=None,
+                        help="also run item before-after: the commit REV against the working "
+                             "tree, in the same run (make bench BEFORE=REV)")
     parser.add_argument("--item", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--context", help=argparse.SUPPRESS)
@@ -279,10 +294,21 @@ def main(argv: list[str] | None = None) -> int:
         Path(options.result).write_text(json.dumps(asdict(section)), encoding="utf-8")
         return 0
 
-    names = ITEMS if not options.only else tuple(n.strip() for n in options.only.split(","))
+    names = (tuple(n for n in ITEMS if n not in ON_REQUEST or options.before is not None)
+             if not options.only else tuple(n.strip() for n in options.only.split(",")))
     unknown = [n for n in names if n not in ITEMS]
     if unknown:
         parser.error(f"unknown item(s) {', '.join(unknown)}; known: {', '.join(ITEMS)}")
+    if options.before is not None:
+        from bench.before_after import BeforeAfterError, resolve_revision
+        try:
+            resolve_revision(options.before)
+        except BeforeAfterError as error:
+            parser.error(str(error))
+        if "before-after" not in names:
+            parser.error("--before REV is for item before-after, which --only leaves out")
+    elif "before-after" in names:
+        parser.error("item before-after needs --before REV (make bench BEFORE=REV)")
     out = Path(options.out) if options.out else (
         Path(tempfile.gettempdir()) / "BENCHMARKS.quick.md" if options.quick
         else ROOT / "BENCHMARKS.md")
