@@ -4,7 +4,8 @@ earlier commit and the working tree measured in the same run on the same machine
 The figures: core throughput W1-W3 (CPU µs per durable event at 10,000 turns, item 1's
 ``run_sync``), the asyncio runtime W1-W3 (CPU µs per turn at 10,000 turns, item 2's
 ``run_async``) and exploration states/s (CPU time) for the classic configuration, machine
-only, and for the idle configuration with the reference model, each at a fixed depth.
+only, and for the idle configuration with the reference model, each at a fixed depth (6 and 5;
+about 18,000 and 28,000 states).
 
 REV's files (``machine``, ``model``, ``bench``) are taken with ``git archive`` into a
 temporary folder, and each side is measured by ITS OWN entry points: the module of that tree
@@ -43,7 +44,7 @@ ROUNDS = 3
 CORE_TURNS, QUICK_TURNS = 10_000, 30
 CLASSIC_DEPTH, QUICK_CLASSIC_DEPTH = 6, 3
 MODEL_CONFIGURATION = "idle"
-MODEL_DEPTH, QUICK_MODEL_DEPTH = 4, 2
+MODEL_DEPTH, QUICK_MODEL_DEPTH = 5, 2
 
 #: Loads this file under a name of its own and runs it (argv: the child file, tree, measures).
 _LAUNCH = ("import importlib.util, sys\n"
@@ -245,9 +246,7 @@ def report(before: str, commit: str, listed: list[Figure], sides: tuple[Side, Si
            rounds: int, quick: bool, archived: list[str], loads: tuple[str, str]) -> Section:
     """The item's section from what each side measured."""
     load_start, load_end = loads
-    present = archived
     before_side, after_side = sides
-    after_label = after_side.label
     rows: list[list[str]] = []
     results: dict[str, Any] = {}
     notes: list[str] = []
@@ -277,7 +276,7 @@ def report(before: str, commit: str, listed: list[Figure], sides: tuple[Side, Si
                                          **{f"{k}_count": v for k, v in counts.items()}}
         if len(values) == 2:
             ratio = statistics.median(values["after"]) / statistics.median(values["before"])
-            paired = [a / b for a, b in zip(values["after"], values["before"], strict=False)]
+            paired = [a / b for a, b in zip(values["after"], values["before"], strict=True)]
             cost_change = (1 / ratio if figure.higher_is_faster else ratio) - 1
             figure_result.update(ratio=ratio, paired_ratios=paired, cpu_change=cost_change)
             cells += [f"× {ratio:.3f} ({min(paired):.3f}–{max(paired):.3f})",
@@ -297,22 +296,22 @@ def report(before: str, commit: str, listed: list[Figure], sides: tuple[Side, Si
                                       for k in ("before", "after")) + " states)"
         modules = (entry["before"] if entry["before"] == entry["after"]
                    else f"{entry['before']} / {entry['after']}")
-        rows.append([figure.name, size, figure.unit, *cells[:2], *cells[2:], modules])
+        rows.append([figure.name, size, figure.unit, *cells, modules])
         results[figure.name] = figure_result
     section = Section(
         f"11. Before and after: {before} against the working tree",
         ["figure", "size", "unit (CPU time)", f"before: {before}", "after: working tree",
          "after ÷ before (by round)", "CPU per unit, change", "CPU s per run before / after",
          "entry point (module)"], rows)
-    section.figures = {"before": before, "commit": commit, "after": after_label,
+    section.figures = {"before": before, "commit": commit, "after": after_side.label,
                        "rounds": rounds, "load_start": load_start, "load_end": load_end,
-                       "archived": present, "figures": results,
+                       "archived": archived, "figures": results,
                        "trees": {"before": str(before_side.tree), "after": str(after_side.tree)},
                        "imports": {"before": before_side.imports,
                                    "after": after_side.imports}}
     section.notes.append(
-        f"Before: {before_side.label}, its {', '.join(present)} taken with `git archive`; "
-        f"after: the {after_label}. Each side is measured by its own entry points (the "
+        f"Before: {before_side.label}, its {', '.join(archived)} taken with `git archive`; "
+        f"after: the {after_side.label}. Each side is measured by its own entry points (the "
         "module named in the last column, found in that tree) in a fresh process with that "
         "tree first on the import path; `machine`, `machine._model` and `bench` are checked "
         "to be that tree's.")
