@@ -78,6 +78,9 @@ def measure(spec: dict[str, Any], tree: Path) -> dict[str, Any]:
     if kind == "explore":
         logging.getLogger("turnstile").setLevel(logging.ERROR)
         search = spec["search"]
+        if search != "classic" and search not in module.CONFIGURATIONS:
+            raise LookupError(f"{spec['module']}.CONFIGURATIONS has no {search!r} (it has "
+                              f"{', '.join(map(repr, module.CONFIGURATIONS))})")
         explorer = (module.classic_explorer() if search == "classic"
                     else module.CONFIGURATIONS[search].explorer())
         started = time.process_time()

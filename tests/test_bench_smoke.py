@@ -51,7 +51,7 @@ def test_a_quick_run_writes_every_section(tmp_path: Path) -> None:
                  "OpenAI Agents SDK + OpenAIChatCompletionsModel"):
         assert f"{peer}: " in text or f"| {peer} | —" not in text, peer
     # Without --before the before-and-after item does not run.
-    assert "## 11. Before and after" not in text
+    assert "## 12. Before and after" not in text
     assert "before and after: CPU per unit" not in text
 
 
@@ -96,7 +96,7 @@ def test_before_after_measures_an_earlier_commit_and_the_working_tree(tmp_path: 
     assert bench_run.main(["--quick", "--only", "before-after", "--before", rev,
                            "--out", str(out)]) == 0
     text = out.read_text(encoding="utf-8")
-    assert f"## 11. Before and after: {rev} against the working tree" in text
+    assert f"## 12. Before and after: {rev} against the working tree" in text
     assert "before and after: CPU per unit, working tree against" in text
     assert "not measured" not in text
     for name in ("core W1", "core W2", "core W3", "runtime W1", "runtime W2", "runtime W3",
@@ -162,10 +162,14 @@ def test_before_after_finds_each_entry_point_where_the_tree_has_it(tmp_path: Pat
         "machine.checking.explore", "")
     assert before_after.entry_point(tree, by_name["core W1"]) == (
         None, "no module in bench/ defines run_sync")
+    # The explorer split: its configurations in a module of their own.
     (tree / "machine" / "checking" / "explore.py").write_text(
         "def classic_explorer():\n    pass\n", encoding="utf-8")
     assert before_after.entry_point(tree, by_name["explore idle, with the model"]) == (
-        None, "machine.checking.explore has no CONFIGURATIONS beside classic_explorer")
+        None, "no module in machine/ defines CONFIGURATIONS")
+    _tree(tree, {"machine/checking/configurations.py": "CONFIGURATIONS = {}\n"})
+    assert before_after.entry_point(tree, by_name["explore idle, with the model"]) == (
+        "machine.checking.configurations", "")
 
 
 def test_before_after_reports_what_one_side_could_not_measure(tmp_path: Path) -> None:
@@ -180,6 +184,15 @@ def test_before_after_reports_what_one_side_could_not_measure(tmp_path: Path) ->
         side.measure([core], empty)
     assert side.why_not == {core.name: "bench.throughput: RuntimeError: no core in this tree"}
     assert Path(side.imports["machine"]).is_relative_to(broken)
+    # An explorer whose configurations lack the one measured.
+    _tree(broken, {"machine/explore.py": "CONFIGURATIONS = {'busy': None}\n"})
+    idle = by_name["explore idle, with the model"]
+    side.modules[idle.name] = "machine.explore"
+    with tempfile.TemporaryDirectory() as empty:
+        side.measure([idle], empty)
+    assert side.why_not[idle.name] == ("machine.explore: LookupError: machine.explore."
+                                       "CONFIGURATIONS has no 'idle' (it has 'busy')")
+    del side.why_not[idle.name]
     # A tree without a machine package would import the installed one: refused.
     no_machine = _tree(tmp_path / "no-machine", {"bench/__init__.py": ""})
     other = before_after.Side("no machine", no_machine, modules={core.name: "bench.throughput"})
