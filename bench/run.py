@@ -4,6 +4,9 @@ Each item runs in its own Python process (``--item``), so one item's heap and
 garbage never weigh on the next one's timings; ``--in-process`` runs them all
 here instead (the smoke test does, with ``--quick``). ``--quick`` uses tiny
 sizes: it checks that the harness works and its figures mean nothing.
+``--before REV`` (``make bench BEFORE=REV``) adds item before-after, which measures the
+commit REV and the working tree in the same run (bench/before_after.py); without it, that
+item does not run.
 """
 
 from __future__ import annotations
