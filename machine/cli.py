@@ -17,7 +17,7 @@ status wins).
 sessions (``machine.store.cli``, ``specs/persistence.md``).
 
 ``turnstile diagrams [--write DIR | --check DIR]`` prints, writes or checks
-the machines' DOT diagrams and transition tables (``machine.diagrams``):
+the DOT diagrams and tables of the machines and the loop (``machine.diagrams``):
 ``--check`` exits 1 naming every stale file.
 
 ``turnstile explore [--config NAME|all] [--depth N] [--commands …] [--model]``
@@ -143,8 +143,9 @@ def _run_log(args: argparse.Namespace) -> int:
 
 
 def _configure_diagrams(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Generate the machines' Graphviz DOT diagrams and Markdown transition "
-                          "tables from their declarations. Without options, print the DOT sources.")
+    parser.description = ("Generate the Graphviz DOT diagrams and Markdown tables of the four "
+                          "machines and of the loop's graph from their declarations. Without "
+                          "options, print the DOT sources.")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--write", metavar="DIR", help="write <machine>.dot and refresh the table "
                       "in <machine>.md under DIR")

@@ -1,9 +1,10 @@
-"""Diagrams and transition tables of the four machines, generated from their declarations.
+"""Diagrams and tables of the four machines and of the loop, generated from their declarations.
 
 `dot_sources` renders each machine's Graphviz DOT with `machine.machines.table.to_dot`
-from the table compiled out of the module's ``transitions`` declaration, so the
-diagrams cannot drift from the code without `check` noticing. `markdown_table`
-renders the same table for the per-machine pages in ``specs/machines/``; those
+from the table compiled out of the module's ``transitions`` declaration, and the loop's
+graph (its activities and their phases, R4.13) with `machine.core.loop.to_dot` from its
+declaration, so the diagrams cannot drift from the code without `check` noticing.
+`markdown_table` renders the same tables for the pages in ``specs/machines/``; those
 pages keep their hand-written prose and carry the table between two marker
 comments, which `write` refreshes and `check` compares.
 
@@ -19,13 +20,22 @@ from pathlib import Path
 from types import ModuleType
 from typing import Final
 
+from machine.core import loop
 from machine.machines import inbox, lifecycle, outbox, window
 from machine.machines.table import Table, compile_table, to_dot
 
-__all__ = ["MACHINES", "check", "dot_sources", "markdown_table", "tables", "write"]
+__all__ = ["DIAGRAMS", "LOOP", "MACHINES", "check", "dot_sources", "markdown_table", "tables",
+           "write"]
 
 #: machine name -> the module that declares it (NAME, STATES, INITIAL, ROWS, declared())
 MACHINES: Final[Mapping[str, ModuleType]] = {m.NAME: m for m in (inbox, outbox, window, lifecycle)}
+#: The name of the loop's graph among the diagrams (`machine.core.loop`).
+LOOP: Final = "loop"
+#: Every diagram: the four machines, then the loop.
+DIAGRAMS: Final = (*MACHINES, LOOP)
+#: Where each diagram is declared (for the problems `check` names).
+_SOURCE: Final = {**{name: f"machine/machines/{name}.py" for name in MACHINES},
+                  LOOP: "machine/core/loop.py"}
 
 BEGIN_TABLE: Final = "<!-- BEGIN GENERATED TABLE: turnstile diagrams --write; do not edit by hand -->"
 END_TABLE: Final = "<!-- END GENERATED TABLE -->"
@@ -37,9 +47,11 @@ def tables() -> dict[str, Table]:
 
 
 def dot_sources() -> dict[str, str]:
-    """Machine name -> Graphviz DOT source (deterministic)."""
-    return {name: to_dot(MACHINES[name].NAME, MACHINES[name].STATES, MACHINES[name].INITIAL, compiled)
-            for name, compiled in tables().items()}
+    """Diagram name -> Graphviz DOT source (deterministic): each machine, then the loop."""
+    sources = {name: to_dot(MACHINES[name].NAME, MACHINES[name].STATES, MACHINES[name].INITIAL,
+                            compiled) for name, compiled in tables().items()}
+    sources[LOOP] = loop.to_dot()
+    return sources
 
 
 def markdown_table(name: str) -> str:
@@ -47,8 +59,10 @@ def markdown_table(name: str) -> str:
 
     Alternatives of one (state, trigger) are listed in dispatch order: the first
     whose guards hold wins, and a guard-free alternative after guarded ones is
-    the fallback ("otherwise").
+    the fallback ("otherwise"). For the loop: one table per activity (`machine.core.loop`).
     """
+    if name == LOOP:
+        return loop.table_markdown()
     module = MACHINES[name]
     compiled = compile_table(module.declared())
     states: tuple[str, ...] = module.STATES
@@ -79,7 +93,8 @@ def _with_table(page: str, name: str) -> str | None:
 
 
 def _page_stub(name: str) -> str:
-    return (f"# The {name} machine\n\n"
+    title = "The loop's graph" if name == LOOP else f"The {name} machine"
+    return (f"# {title}\n\n"
             f"Diagram: [{name}.svg]({name}.svg) (source: [{name}.dot]({name}.dot)).\n\n"
             f"## Transition table\n\n{BEGIN_TABLE}\n{markdown_table(name)}{END_TABLE}\n")
 
@@ -123,7 +138,7 @@ def check(directory: str | Path) -> list[str]:
         if not path.exists():
             problems.append(f"{path}: missing")
         elif path.read_text(encoding="utf-8") != dot:
-            problems.append(f"{path}: out of date with machine/machines/{name}.py")
+            problems.append(f"{path}: out of date with {_SOURCE[name]}")
         page_path = root / f"{name}.md"
         if not page_path.exists():
             problems.append(f"{page_path}: missing")
@@ -133,8 +148,8 @@ def check(directory: str | Path) -> list[str]:
         if updated is None:
             problems.append(f"{page_path}: has no generated transition table")
         elif updated != page:
-            problems.append(f"{page_path}: transition table out of date with machine/machines/{name}.py")
+            problems.append(f"{page_path}: transition table out of date with {_SOURCE[name]}")
     for path in sorted(root.glob("*.dot")):
         if path.stem not in sources:
-            problems.append(f"{path}: no machine named {path.stem!r}")
+            problems.append(f"{path}: no machine or loop named {path.stem!r}")
     return problems

@@ -73,7 +73,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any, Protocol
 
-from machine.core import AgentCore, CoreConfig
+from machine.core import AgentCore, CoreConfig, state_of
 from machine.core.snapshot import STATIC_ATTRIBUTES
 from machine.errors import TurnstileError
 from machine.events import Event
@@ -658,12 +658,12 @@ class Explorer:
         else:
             probing = self.replay(actions)
             core = probing.core
-        buffered = len(core._mail)
+        buffered = len(state_of(core)._mail)
         probe = core.next_output()
         if probe is None:               # quiescence checks before any pruning
             probing.monitor.poll(quiet=True)
         children = self.children(probing, probe, silent_change=probe is None
-                                 and len(core._mail) < buffered
+                                 and len(state_of(core)._mail) < buffered
                                  and (not actions or actions[-1][0] != "drain"))
         if probe is None or not self.copies or not children or children[0][0] != ("pull",):
             return children, None
@@ -1061,7 +1061,7 @@ def _core_parts(core: AgentCore, texts: _Texts | None = None, *,
     """Everything the core's future depends on (its whole explicit state, R4), canonical;
     the log first, unless *with_log* is false."""
     texts = texts if texts is not None else _Texts()
-    state = vars(core)
+    state = vars(state_of(core))
     return (texts.log(core.log) if with_log else None,
             *[(name, _canonical(state[name], 0, texts)) for name in _state_names(core)])
 
@@ -1071,7 +1071,7 @@ _STATE_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def _state_names(core: AgentCore) -> tuple[str, ...]:
-    state = vars(core)
+    state = vars(state_of(core))
     names = _STATE_NAMES.get(type(core))
     if names is None or len(names) != len(state) - len(STATIC_ATTRIBUTES):
         names = _STATE_NAMES[type(core)] = tuple(sorted(set(state) - STATIC_ATTRIBUTES))
@@ -1276,7 +1276,7 @@ class _Emitter:
                     (f"((None, {labels[0]}", *(f"), {label}" for label in labels[1:])),
                     ")), ", _getter(operator.itemgetter, names))
             known = self._states[type(core)] = (names, writer)
-        known[1](vars(core))
+        known[1](vars(state_of(core)))
 
     def _named_values(self, names: tuple[str, ...]) -> _Writer:
         """`state`'s writer when a name holds an id (or there is none): each name written as

@@ -17,6 +17,9 @@ checks.
 * R20.1e window: ``accepts_next_step`` is false whenever the status is idle.
 * R4.11 couplings: for an agent that states them (``coupling_problems()``, as
   `machine.core.AgentCore` does), none is broken.
+* R4.13 the loop's graph: a monitor turns on the check of every phase change of the core's
+  loop against its declared graph (`machine.core.loop.check_phase_changes`), and reports
+  the first change, start, wait or end off the graph.
 * Accepted messages are never silently gone: at every moment each enqueued or
   staged message is logged, reported discarded, or pending.
 * The ledger starts at the command (R20.1b, R20.1c, R5, R0.6): a monitor that sees
@@ -40,6 +43,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from machine import events as ev
+from machine.core import loop
 from machine.errors import TurnstileError, ValidationError
 from machine.io import Durable, Effect, Input, Live, Output, Send
 from machine.jsonvalue import FrozenDict, FrozenList
@@ -133,6 +137,7 @@ class InvariantMonitor:
 
     def __init__(self, agent: _Observable, boxes: _HasBoxes, *, sees_inputs: bool = False,
                  requests: RequestCheck | bool = True) -> None:
+        loop.check_phase_changes()          # R4.13: from now on, every phase change is checked
         self.agent = agent
         self.boxes = boxes
         self.sees_inputs = sees_inputs
@@ -181,6 +186,7 @@ class InvariantMonitor:
                 *(tuple(sorted(c.items())) for c in counts))
 
     def output(self, output: Output) -> None:
+        _check_loop()
         if isinstance(output, Live):
             event = output.event
             payload = event.payload
@@ -256,6 +262,7 @@ class InvariantMonitor:
                                       f"agent/inbox/dequeue before {what}")
 
     def poll(self, *, quiet: bool = False) -> None:
+        _check_loop()
         if not window_ok(self.agent.status, self.agent.accepts_next_step):
             raise AgentInvariantError("R20.1e", "accepts_next_step is true while idle")
         couplings = getattr(self.agent, "coupling_problems", None)
@@ -316,6 +323,12 @@ class InvariantMonitor:
                 raise AgentInvariantError(
                     "R20.1c", f"inject {message_id!r}: accepted {count} time(s), but appended "
                     f"{fates[0]}, still staged {fates[1]}, reported discarded {fates[2]}")
+
+
+def _check_loop() -> None:
+    """R4.13: what went off the loop's declared graph since the last check, as an error."""
+    if loop.violations:
+        raise AgentInvariantError("R4.13", "; ".join(loop.take_violations()))
 
 
 def _message_id(payload: FrozenDict) -> object:

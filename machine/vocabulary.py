@@ -36,6 +36,11 @@ ROLES: frozenset[str] = frozenset({"user", "assistant", "system"})
 INVALID_CHUNK: Final = "INVALID_CHUNK"
 INVALID_TOOL_RESULT: Final = "INVALID_TOOL_RESULT"
 
+#: R10.10 / R10.11: the texts of the canonical results of a tool call aborted before its
+#: dispatch and of one aborted while it ran.
+ABORTED_BEFORE_DISPATCH_TEXT: Final = "Error: tool call aborted before dispatch"
+ABORTED_TEXT: Final = "Error: tool call aborted"
+
 # --------------------------------------------------------------------------
 # Decoding helpers shared by every from_json.
 # --------------------------------------------------------------------------

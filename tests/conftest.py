@@ -14,6 +14,11 @@ runtime equivalence and CrossHair. A bug then first shows up as the rule-named
 test that pins it, not as a corpus-wide failure. Broad tests carry the
 ``broad`` marker: ``pytest -m "not broad"`` is the quick loop.
 
+The loop's graph (R4.13). Every phase change of every core in the test session is
+checked against the declared graph (`machine.core.loop.check_phase_changes`), whether
+or not an invariant monitor watches that core, and a test that leaves a change off the
+graph behind fails (`_the_loop_kept_to_its_graph`).
+
 PostgreSQL. One throwaway server for the whole test session (S29), started from
 the installed PostgreSQL programs (``initdb``, ``postgres``;
 `machine.store.postgres_server`) the first time a test needs it, listening only
@@ -33,6 +38,7 @@ from typing import Any, TypedDict
 import pytest
 from hypothesis import HealthCheck, settings
 
+from machine.core import loop
 from machine.store.errors import StoreError
 from machine.store.postgres_server import TemporaryPostgres
 
@@ -92,6 +98,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 _SCHEMAS = itertools.count(1)
+
+
+loop.check_phase_changes()
+
+
+@pytest.fixture(autouse=True)
+def _the_loop_kept_to_its_graph() -> Iterator[None]:
+    """R4.13: no phase change of the test went off the loop's declared graph."""
+    loop.take_violations()
+    yield
+    left = loop.take_violations()
+    assert not left, f"R4.13: the loop went off its declared graph: {left}"
 
 
 @pytest.fixture(scope="session")

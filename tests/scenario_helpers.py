@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
 import pytest
@@ -469,3 +470,16 @@ def at_running(s: Scenario, action: Callable[[], object]) -> None:
         if data["status"] == "running":
             action()
     s.observe("agent/status", observer, once=True)
+
+
+def plant_phase(monkeypatch: pytest.MonkeyPatch, module: ModuleType, name: str,
+                planted: Callable[..., Any]) -> None:
+    """Plant a bug in a phase of the core's loop: *planted* replaces the function *name* of
+    *module* (bound to a phase of `machine.core.loop`), in the module and in the declared
+    graph's binding, so that the graph's check (R4.13) takes it as that phase; undone with
+    *monkeypatch*."""
+    from machine.core import loop
+    original = getattr(module, name)
+    kind, phase_name = next(key for key, function in loop._bound.items() if function is original)
+    monkeypatch.setattr(module, name, planted)
+    monkeypatch.setattr(loop, "_graphs", loop.rebound(kind, phase_name, planted))

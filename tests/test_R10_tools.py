@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from scenario_helpers import L, Scenario, at, obj, string
 
-from machine.core import CoreConfig, normalized
+from machine.core import CoreConfig
+from machine.core.tools import normalized
 from machine.jsonvalue import FrozenDict, FrozenList, thaw
 from machine.scripted import HOLD, calls_reply, ok_result
 from machine.vocabulary import ErrorInfo, Message, ToolResult

@@ -18,10 +18,8 @@ from typing import Any
 
 import pytest
 
-from machine import events as ev
-from machine.core import AgentCore
-from machine.core.admission import Admission, IntervalFrame
-from machine.core.records import Action
+from machine.core import AgentCore, commands
+from machine.core.state import CoreState
 from machine.events import LiveEvent
 from machine.explore import (
     CONFIGURATIONS,
@@ -162,15 +160,15 @@ def test_R20_1_quick_exploration_of_every_command() -> None:
 def _drop_injects_at_turn_end(monkeypatch: pytest.MonkeyPatch) -> None:
     """Planted: an inject issued while `turn/end` is observed is accepted and never written
     (the D4 bug). The core then is exactly where it was before the inject."""
-    route = AgentCore._route
+    route = commands.route
 
-    def dropping(self: AgentCore, message: Any, options: Any) -> None:
+    def dropping(core: CoreState, message: Any, options: Any) -> None:
         if (options.target == "next-step" and not options.wakeup
-                and self.lifecycle.state == "closing"):
+                and core.lifecycle.state == "closing"):
             return
-        route(self, message, options)
+        route(core, message, options)
 
-    monkeypatch.setattr(AgentCore, "_route", dropping)
+    monkeypatch.setattr(commands, "route", dropping)
 
 
 def _core_only_key(self: Explorer, node: Node) -> str:
@@ -306,14 +304,13 @@ def test_explorer_refuses_unknown_alphabet_entries() -> None:
 def test_explorer_catches_a_planted_context_loss(monkeypatch: pytest.MonkeyPatch) -> None:
     """A cancel that silently drops staged context (breaking D6 / R20.1c) is found, with a
     shortest reproduction whose last decision is a cancel."""
-    original = AgentCore._clear_into
+    original = CoreState._clear_into
 
-    def lossy(self: AgentCore, inbox_slot: object, context_slot: object) -> None:
-        original(self, inbox_slot, context_slot)  # type: ignore[arg-type]
-        if context_slot is not None:
-            context_slot.queued.clear()  # type: ignore[attr-defined]
+    def lossy(self: CoreState, inbox_slot: Any, context_slot: Any) -> None:
+        original(self, inbox_slot, context_slot)
+        context_slot.queued.clear()
 
-    monkeypatch.setattr(AgentCore, "_clear_into", lossy)
+    monkeypatch.setattr(CoreState, "_clear_into", lossy)
     result = Explorer(commands=("followup", "inject", "cancel")).run(4)
     assert result.failure is not None
     assert "R20.1c" in str(result.failure)
@@ -323,15 +320,13 @@ def test_explorer_catches_a_planted_context_loss(monkeypatch: pytest.MonkeyPatch
 
 def test_explorer_catches_a_planted_status_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
     """A continue-or-idle that re-announces running (breaking D1) is found."""
-    claim = Admission._interval_claim
+    claim = CoreState.claim
 
-    def always_running(self: AgentCore, frame: IntervalFrame, sent: object) -> Action:
-        if self.lifecycle.busy:     # the next claim of the interval re-announces running
-            frame.phase = claim
-            return Live(LiveEvent(ev.STATUS, FrozenDict({"status": "running"})))
-        return claim(self, frame, sent)
+    def always_running(self: CoreState) -> Any:
+        message, controller, _was_busy = claim(self)
+        return message, controller, False   # every claim of the interval announces running
 
-    monkeypatch.setattr(Admission, "_interval_claim", always_running)
+    monkeypatch.setattr(CoreState, "claim", always_running)
     result = Explorer(commands=("followup",)).run(3)
     assert result.failure is not None and "R20.1a" in str(result.failure)
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from scenario_helpers import Scenario, at
 
-from machine.core import AgentCore, CoreConfig
+from machine.core import AgentCore, CoreConfig, state_of
 from machine.errors import CoreFailedError, InvariantError, ProtocolError, TurnstileError
 from machine.events import SESSION_DISPOSED
 from machine.invariants import InvariantMonitor
@@ -370,7 +370,7 @@ def test_P16_an_abandoned_model_stream_takes_late_chunks_until_its_end_once() ->
     s.followup("go")
     s.run()
     model = s.hang_model()
-    s.core._stop(RuntimeError("simulated"))      # the P16 stop, as the net calls it
+    state_of(s.core).stop(RuntimeError("simulated"))      # the P16 stop, as the net calls it
     s.core.chunk(model.id, {"type": "text", "text": "late"})
     s.core.chunk(model.id, {"type": "text", "text": "later"})
     s.core.end(model.id)                          # accepted and dropped
@@ -384,7 +384,7 @@ def test_P16_completions_of_abandoned_effects_are_accepted_once() -> None:
     core.followup(user("go", "p1"))
     effects = [o for o in core.drain_outputs() if isinstance(o, Effect)]
     (tick,) = effects
-    core._stop(RuntimeError("simulated"))        # the P16 stop, as the net calls it
+    state_of(core).stop(RuntimeError("simulated"))      # the P16 stop, as the net calls it
     core.resolve(tick.id, None)                  # accepted and dropped
     with pytest.raises(ProtocolError, match="already completed"):
         core.resolve(tick.id, None)

@@ -11,11 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from scenario_helpers import plant_phase
 
 from machine import events as ev
-from machine.core import AgentCore, CoreConfig
-from machine.core.admission import Admission, ClaimFrame
-from machine.core.records import Action
+from machine.core import AgentCore, CoreConfig, admission, commands
+from machine.core.loop import Action, ClaimFrame, goto
+from machine.core.state import CoreState
 from machine.events import Event, LiveEvent
 from machine.invariants import AgentInvariantError, InvariantMonitor, conservation_problem
 from machine.io import Cancel, Durable, Effect, Input, Live, Output, Resolve, Send
@@ -99,14 +100,14 @@ def test_R20_1c_an_inject_of_a_message_object_is_in_the_ledger_by_its_id() -> No
 def test_R20_1c_a_dropped_closed_window_inject_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Planted: an inject with the window closed is accepted and never appended (the D4 bug
     at any position). No output is missing that the output ledger knew to expect."""
-    route = AgentCore._route
+    route = commands.route
 
-    def dropping(self: AgentCore, message: Any, options: Any) -> None:
-        if options.target == "next-step" and not options.wakeup and not self.window.is_open:
+    def dropping(core: CoreState, message: Any, options: Any) -> None:
+        if options.target == "next-step" and not options.wakeup and not core.window.is_open:
             return
-        route(self, message, options)
+        route(core, message, options)
 
-    monkeypatch.setattr(AgentCore, "_route", dropping)
+    monkeypatch.setattr(commands, "route", dropping)
     run = Monitored()
     with pytest.raises(AgentInvariantError, match=r"\[R20\.1c\] inject 'c1': accepted 1 "
                        r"time\(s\), but appended 0, still staged 0, reported discarded 0"):
@@ -129,14 +130,14 @@ def test_R20_1c_an_inject_accepted_more_often_than_it_has_fates_is_named_with_ea
 def test_R20_1b_a_send_that_is_never_announced_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Planted: a followup made while busy is accepted and silently dropped (no enqueue, not
     queued): the output-only conservation balances, the command ledger does not."""
-    route = AgentCore._route
+    route = commands.route
 
-    def dropping(self: AgentCore, message: Any, options: Any) -> None:
-        if options == FOLLOWUP and self.lifecycle.busy:
+    def dropping(core: CoreState, message: Any, options: Any) -> None:
+        if options == FOLLOWUP and core.busy:
             return
-        route(self, message, options)
+        route(core, message, options)
 
-    monkeypatch.setattr(AgentCore, "_route", dropping)
+    monkeypatch.setattr(commands, "route", dropping)
     run = Monitored()
     run.feed(Send(msg("go"), FOLLOWUP, preset="followup"))
     run.pull()
@@ -172,17 +173,17 @@ def test_R7_5_an_admission_aborted_at_running_keeps_its_dequeue() -> None:
 
 
 def _bent_claim(monkeypatch: pytest.MonkeyPatch,
-                replace: Callable[[AgentCore, Live], Live | None]) -> None:
+                replace: Callable[[CoreState, Live], Live | None]) -> None:
     """Plant a claim whose dequeue, when the admission is already aborted (R7.5: the phase
     that gives it), is replaced by what *replace* returns (None: left out)."""
-    def bent(self: AgentCore, frame: ClaimFrame, _sent: object) -> Action:
+    def bent(core: CoreState, frame: ClaimFrame, _sent: object) -> Action:
         assert frame.dequeue is not None
-        frame.phase = Admission._claim_aborted_tick
-        replacement = replace(self, frame.dequeue)
+        replacement = replace(core, frame.dequeue)
         if replacement is None:
-            return Admission._claim_aborted_tick(self, frame, None)
+            return goto(core, frame, admission.claim_tick)
+        frame.phase = admission.claim_tick
         return replacement
-    monkeypatch.setattr(Admission, "_claim_aborted_dequeue", bent)
+    plant_phase(monkeypatch, admission, "claim_early_dequeue", bent)
 
 
 def test_R20_1b_an_aborted_admission_without_its_dequeue_is_caught(
@@ -199,7 +200,7 @@ def test_R20_1b_a_claimed_item_reported_discarded_is_caught(monkeypatch: pytest.
     """Planted: the aborted admission reports its claimed item in an inbox discard instead of
     its dequeue. The counts balance (enqueued once, discarded once), so only following the
     claim catches it."""
-    def as_discard(core: AgentCore, dequeue: Live) -> Live:
+    def as_discard(core: CoreState, dequeue: Live) -> Live:
         message = dequeue.event.payload["message"]
         return Live(LiveEvent(ev.INBOX_DISCARD, FrozenDict({"messages": FrozenList([message])})))
 

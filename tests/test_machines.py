@@ -201,7 +201,8 @@ def test_every_declared_trigger_is_stepped_by_the_machine_class(name: str, cls: 
     literals = set(re.findall(r'"(\w+)"', stepped))
     assert literals <= set(triggers(module))
     for method in uses:  # and the core uses every operation of the class
-        assert re.search(rf"self\.{name}\.{method}\(", CORE_SOURCE), f"core never calls {name}.{method}"
+        assert re.search(rf"(self|core)\.{name}\.{method}\(", CORE_SOURCE), \
+            f"core never calls {name}.{method}"
 
 
 def test_to_dot_is_deterministic_and_mentions_every_transition() -> None:
@@ -459,10 +460,30 @@ def test_checked_in_machine_pages_and_svgs_are_present_and_current() -> None:
 
 def test_dot_sources_cover_every_machine_and_come_from_the_declarations() -> None:
     sources = diagrams.dot_sources()
-    assert set(sources) == set(MODULES)
+    assert set(sources) == {*MODULES, "loop"}
     for name, module in MODULES.items():
         assert sources[name] == table.to_dot(module.NAME, module.STATES, module.INITIAL, module.TABLE)
         assert sources[name].startswith(f'digraph "{name}" {{')
+
+
+def test_R4_13_the_loop_s_graph_is_drawn_and_tabled_beside_the_machines() -> None:
+    """`turnstile diagrams` draws the loop's declared graph: every activity a cluster, every
+    phase a node, every declared change and start an edge; its page has its table."""
+    from machine.core import loop
+    dot = diagrams.dot_sources()["loop"]
+    assert dot == loop.to_dot() and dot.startswith('digraph "loop" {')
+    for kind in loop.KINDS:
+        assert f'"cluster_{kind.name.replace("-", "_")}"' in dot
+        for p in kind.phases:
+            assert f'"{kind.name}.{p.name}" [label="{p.name}"' in dot
+            for to in p.goes:
+                assert f'"{kind.name}.{p.name}" -> "{kind.name}.{to}";' in dot
+            for started in p.starts:
+                assert (f'"{kind.name}.{p.name}" -> "{started}.{loop.KIND_OF[started].entry}"'
+                        in dot)
+    page = (SPEC_MACHINES / "loop.md").read_text(encoding="utf-8")
+    assert diagrams.markdown_table("loop") in page
+    assert "(loop.dot)" in page and "(loop.svg)" in page and (SPEC_MACHINES / "loop.svg").exists()
 
 
 def test_markdown_table_lists_every_alternative_in_dispatch_order() -> None:
@@ -485,8 +506,8 @@ def test_diagrams_write_then_check(tmp_path: Path, capsys: pytest.CaptureFixture
     status, out, _ = diagrams_cli(capsys, "--write", str(tmp_path))
     assert status == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        f"{name}.{ext}" for name in MODULES for ext in ("dot", "md"))
-    assert out.count("wrote ") == 8
+        f"{name}.{ext}" for name in (*MODULES, "loop") for ext in ("dot", "md"))
+    assert out.count("wrote ") == 10
     assert diagrams_cli(capsys, "--check", str(tmp_path))[0] == 0
     status, out, _ = diagrams_cli(capsys, "--write", str(tmp_path))      # idempotent
     assert (status, out) == (0, "")
@@ -505,7 +526,7 @@ def test_diagrams_check_names_stale_missing_and_unknown_files(
     assert status == 1
     assert f"{tmp_path / 'window.dot'}: out of date with machine/machines/window.py" in err
     assert f"{tmp_path / 'outbox.dot'}: missing" in err
-    assert f"{tmp_path / 'legacy.dot'}: no machine named 'legacy'" in err
+    assert f"{tmp_path / 'legacy.dot'}: no machine or loop named 'legacy'" in err
     assert f"{tmp_path / 'inbox.md'}: transition table out of date" in err
     assert "lifecycle" not in err
 

@@ -15,7 +15,7 @@ from typing import Any, cast
 import pytest
 from scenario_helpers import Scenario, assert_failed_step, at, both, core_on, msg, obj, scenario
 
-from machine.core import NO_ROUTE_MESSAGE, AgentCore, CoreConfig
+from machine.core import NO_ROUTE_MESSAGE, AgentCore, CoreConfig, state_of
 from machine.errors import ProtocolError, ValidationError
 from machine.io import Append, Control, Durable, Effect, Live, Observer, Output, input_from_json
 from machine.jsonvalue import FrozenDict, JsonLike, thaw
@@ -95,7 +95,7 @@ def test_P10_the_core_keeps_no_record_per_completed_effect() -> None:
         s.followup(f"turn {index}")
         s.run()
     assert s.core.status == "idle"
-    sizes = {name: len(value) for name, value in vars(s.core).items()
+    sizes = {name: len(value) for name, value in vars(state_of(s.core)).items()
              if name != "log" and hasattr(value, "__len__") and not isinstance(value, str)}
     assert max(sizes.values()) < 10, sizes
 

@@ -12,8 +12,9 @@ import pytest
 from machine.conformance.checker import run_vector
 from machine.conformance.subjects import LocalSubject
 from machine.conformance.vectors import find_vectors, load_vector
-from machine.core import AgentCore, CoreState
-from machine.core.records import _Controller
+from machine.core import AgentCore, state_of
+from machine.core.records import Controller
+from machine.core.state import CoreState
 from machine.invariants import AgentInvariantError, InvariantMonitor
 from machine.io import Effect
 
@@ -75,14 +76,14 @@ def _running_core() -> tuple[AgentCore, Effect]:
 
 
 @pytest.mark.parametrize(("number", "breaking"), [
-    ("(1)", lambda core: setattr(core.window, "state", "closed")),
-    ("(2)", lambda core: setattr(core, "_owner", None)),
-    ("(2)", lambda core: setattr(core, "_owner", _Controller(99, "run"))),
-    ("(3)", lambda core: setattr(core, "_wake_effect", 7)),
-    ("(4)", lambda core: setattr(core, "_pending_retry", True)),
-    ("(5)", lambda core: core._frames.clear()),
-    ("(6)", lambda core: setattr(core, "_disposed", True)),
-    ("(7)", lambda core: setattr(core, "_failure", object())),
+    ("(1)", lambda state: setattr(state.window, "state", "closed")),
+    ("(2)", lambda state: setattr(state, "_owner", None)),
+    ("(2)", lambda state: setattr(state, "_owner", Controller(99, "run"))),
+    ("(3)", lambda state: setattr(state, "_wake_effect", 7)),
+    ("(4)", lambda state: setattr(state, "_pending_retry", True)),
+    ("(5)", lambda state: state._frames.clear()),
+    ("(6)", lambda state: setattr(state, "_disposed", True)),
+    ("(7)", lambda state: setattr(state, "_failure", object())),
 ])
 def test_R4_11_each_broken_coupling_is_named_and_the_monitor_refuses_it(
         number: str, breaking: Any) -> None:
@@ -90,7 +91,7 @@ def test_R4_11_each_broken_coupling_is_named_and_the_monitor_refuses_it(
     monitor = InvariantMonitor(core, core)
     assert core.coupling_problems() == []
     monitor.poll()
-    breaking(core)
+    breaking(state_of(core))
     problems = core.coupling_problems()
     assert any(p.startswith(number) for p in problems), problems
     with pytest.raises(AgentInvariantError) as caught:
@@ -111,7 +112,7 @@ def test_R4_the_state_is_declared_in_one_place() -> None:
     adds state of its own (a driven core has exactly the attributes of a fresh one)."""
     fresh = set(vars(CoreState()))
     core, _ = _running_core()
-    assert set(vars(core)) == fresh
+    assert set(vars(state_of(core))) == fresh and set(vars(core)) == {"_state"}
     assert {"inbox", "outbox", "window", "lifecycle"} <= fresh
 
 
@@ -123,12 +124,12 @@ def test_R4_the_spec_inventory_maps_one_to_one_onto_the_state() -> None:
     table = text[text.index("**R4 in the implementation.**"):]
     table = table[:table.index("\n\n", table.index("| rule |"))]
     named: set[str] = set()
-    for row in table.splitlines()[3:]:
+    for row in [line for line in table.splitlines() if line.startswith("|")][2:]:
         named |= set(re.findall(r"`(_?[a-z_]+)`", row.split("|")[3]))
     attributes = set(vars(CoreState())) - {"config", "log", "_mint"}
     assert attributes <= named, f"not in the table: {sorted(attributes - named)}"
     others = named - attributes
-    methods = {name for name in others if hasattr(AgentCore, name)}
+    methods = {name for name in others if hasattr(AgentCore, name) or hasattr(CoreState, name)}
     log_reads = {"open_turn", "open_step", "last_turn"}
     assert others - methods - log_reads == set(), sorted(others - methods - log_reads)
 
@@ -138,29 +139,30 @@ def test_R4_11_a_wait_without_a_loop_is_named_on_its_own() -> None:
     said to wait for a completion, with no loop to wait in."""
     core = AgentCore()
     assert core.coupling_problems() == []
-    core._wait = frozenset({0})
+    state_of(core)._wait = frozenset({0})
     assert core.coupling_problems() == ["(5) the loop waits but does not exist"]
 
 
 def test_R4_11_the_owner_coupling_says_whether_the_owner_is_missing_or_extra() -> None:
     """R4.11 (2): the problem names which way the coupling broke."""
     core, _ = _running_core()
-    core._owner = None
+    state = state_of(core)
+    state._owner = None
     assert [p for p in core.coupling_problems() if p.startswith("(2)")] == [
-        f"(2) an abort owner is missing while the lifecycle is {core.lifecycle.state!r}"]
-    idle = AgentCore()
-    idle._owner = idle._ctrl = _Controller(1, "run")
+        f"(2) an abort owner is missing while the lifecycle is {state.lifecycle.state!r}"]
+    idle = CoreState()
+    idle._owner = idle._ctrl = Controller(1, "run")
     assert [p for p in idle.coupling_problems() if p.startswith("(2)")] == [
         "(2) an abort owner exists while the lifecycle is 'idle'"]
 
 
 def test_R4_11_a_torn_down_core_and_a_stopped_core_name_their_broken_coupling() -> None:
     """R4.11 (6) and (7), each broken on its own in an idle core, named in full."""
-    torn = AgentCore()
+    torn = CoreState()
     torn._disposed = True                       # torn down without disposing
     assert torn.coupling_problems() == [
         "(6) torn down, but not disposing, not idle, or holding input"]
-    stopped = AgentCore()
+    stopped = CoreState()
     stopped._failure = object()                 # type: ignore[assignment]  # stopped (P16)
     stopped._frames.append(object())            # type: ignore[arg-type]  # ... with a loop
     assert stopped.coupling_problems() == ["(7) the core stopped but still waits for something"]

@@ -32,10 +32,16 @@ from machine.invariants import AgentInvariantError, InvariantMonitor
 from machine.io import Control, Durable, Effect, Live, Observer, Output
 from machine.jsonvalue import JsonLike, thaw
 from machine.scripted import HOLD, Driver, ScriptedEnvironment
-from machine.vocabulary import ErrorInfo, LlmFailure, Message
+from machine.vocabulary import (
+    ABORTED_BEFORE_DISPATCH_TEXT,
+    ABORTED_TEXT,
+    ErrorInfo,
+    LlmFailure,
+    Message,
+)
 
 __all__ = [
-    "ABD_TEXT", "ABORTED_TEXT", "HOLD", "PUBLICATION", "REGISTRY", "TAGS", "Scenario", "Session",
+    "HOLD", "PUBLICATION", "REGISTRY", "TAGS", "Scenario", "Session",
     "calls", "check_log", "content_label", "control", "control_token", "durable", "effect",
     "effect_token", "error", "event_token", "live", "live_token", "log_tokens", "message_label",
     "model_failure", "notation", "output_token", "reason_label", "reply", "result", "scenario",
@@ -383,8 +389,6 @@ def output_token(output: Output) -> str:
     return control_token(output)
 
 
-ABD_TEXT: Final = "Error: tool call aborted before dispatch"
-ABORTED_TEXT: Final = "Error: tool call aborted"
 
 
 def check_log(events: Sequence[Event]) -> None:
@@ -424,7 +428,8 @@ def check_log(events: Sequence[Event]) -> None:
                 assert err is not None and err.get("code") == "TOOL_NOT_STARTED", f"TR at {event.seq}"
             assert d["message"]["source"] == {"kind": "tool", "callId": call_id}
             if err is not None and err.get("code") in ("ABORTED_BEFORE_DISPATCH", "ABORTED"):
-                text = ABD_TEXT if err["code"] == "ABORTED_BEFORE_DISPATCH" else ABORTED_TEXT
+                text = (ABORTED_BEFORE_DISPATCH_TEXT if err["code"] == "ABORTED_BEFORE_DISPATCH"
+                        else ABORTED_TEXT)
                 assert err == {"name": "AbortError", "code": err["code"]}, err
                 assert block["isError"] is True
                 assert block["content"] == [{"type": "text", "text": text}], block

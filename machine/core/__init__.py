@@ -1,123 +1,269 @@
-"""AgentCore: the sans-I/O agent loop that wires the four machines (spec §R, §P).
+"""AgentCore: the sans-I/O agent loop over the four machines (specs/core.md, specs/protocol.md).
 
-Theory of operation
--------------------
-Inputs are caller *commands* (``send`` and its presets, ``cancel``,
-``dispose``, ``append``) and *completions* of effects the core requested.
-Outputs are pulled one at a time with `next_output`: durable events (already
-committed to the session log), live notifications, effect requests and
-control notices. A driver pulls an output, delivers it to its observers (who
-may issue commands), and pulls the next; that is how a command takes effect
-exactly at the output its issuer observed (rule P2).
+Inputs are caller *commands* (``send`` and its presets, ``cancel``, ``dispose``, ``append``)
+and *completions* of the effects the core requested (``resolve``, ``fail``, ``chunk``,
+``end``). Outputs are pulled one at a time with `AgentCore.next_output`: durable events
+(already committed to the session log), live notifications, effect requests and control
+notices. A driver pulls an output, delivers it to its observers (who may issue commands),
+and pulls the next; that is how a command takes effect exactly at the output its issuer
+observed (P2).
 
-Who sees what:
-
-* **Window** (`machine.machines.window`) decides routing of every send: open
-  means next-step input is staged in the outbox; closed means steering is
-  queued and context is appended at once (R5).
-* **Inbox** (`machine.machines.inbox`) holds queued prompts; the wake and
-  continue-or-idle claim its head (R6, R7, R12.7).
-* **Outbox** (`machine.machines.outbox`) holds staged steering and context;
-  drains take from its front at the drain points (R11).
-* **Lifecycle** (`machine.machines.lifecycle`) is where the loop is; every
-  phase change of the loop fires one of its triggers.
-
-The loop itself is state: a stack of frames (``_frames``, one record per
-activity in progress: interval, claim, run, steps, step, tool batch, ...), each
-naming its phase; advancing the loop runs the top frame's phase, which gives
-an output, waits for completions, starts a sub-activity or ends its own
-(`machine.core.records.Frame`). So a core copies and compares as a value
-(`snapshot`, `restore`, `copy`: R4.12). The loop advances only when every queued output has been pulled,
-so the state a command sees is exactly the state at the last pulled output.
-Commands never advance the loop: they change routing state synchronously and
-queue their own outputs (rule P3). Completions are buffered and consumed when
-the loop next waits for them (rule P6), so a command fed after a completion
-still acts before the loop resumes, as an event loop would order them.
-
-Cancel clears at once. Observers of ``agent/cancel-requested`` must see their
-own queued or staged work cleared by the same cancel (R16.2), so while that
-notification is the last one pulled, anything a command queues or stages is
-moved into that cancel's pending discard reports, and the command's outputs
-are placed before those reports (rule P7).
-
-Where each concern lives
-------------------------
-The core is one class built in layers, each a module owning its rules, each layer
-building on the one before it:
-
-* `machine.core.state`: the whole state and the couplings of its machines (R4);
-* `machine.core.outputs`: pulling outputs, effects, completions, mail (P1-P10);
-* `machine.core.commands`: routing, wake requests, cancel, dispose, appends, the
-  stop of P16 (R5, R6.1, R16, R17, P3);
-* `machine.core.drains`: the outbox drains (R11);
-* `machine.core.failures`: classification and closing of a failed turn (R8.6, R15);
+Where each part lives
+---------------------
+* `machine.core.state`: the whole state, its one entry point (``next_output``,
+  ``complete``), every operation that moves its machines, and their couplings (R4). With
+  `machine.core.loop`, the page to read first.
+* `machine.core.loop`: the loop's activities as records, and each kind's declared graph
+  of phases (R4.10, R4.13).
+* `machine.core.commands`: routing of every send, cancel, dispose, direct appends (R5,
+  R16, R17, R20.2-R20.4, P3);
+* `machine.core.admission`: the running interval, claims and admissions, the rejected
+  tail, continue-or-idle (R6.2, R7, R12.7);
+* `machine.core.run`: runs, their steps and turn-stopping, flush, settlement, retry (R8,
+  R12, R13);
+* `machine.core.step`: one step, the model stream, a failed request's recovery (R9,
+  R13.2, R14, P12, P13);
 * `machine.core.tools`: the tool batch (R10);
-* `machine.core.step`: one step and the model stream (R9, R13.2, R14, P12, P13);
-* `machine.core.run`: runs, turn-stopping, flush, settlement, retry (R8, R12, R13);
-* `machine.core.admission`: the wake, claims, admissions, continue-or-idle (R6.2,
-  R7, R12.7);
-* this module: `AgentCore`, the public face: construction, publication and the
-  read-only state (P10, P11).
+* `machine.core.drains`: the outbox drains (R11);
+* `machine.core.failures`: a failed turn's closing and classification (R8.6, R15, P16);
+* `machine.core.snapshot`: copying and comparing a state (R4.12);
+* this module: `AgentCore`, the public face over one `CoreState`: construction,
+  publication, commands, completions, the read-only state (P9-P11), snapshots (R4.12).
 """
 
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Literal
 
 from machine import events as ev
-from machine.core.admission import Admission
+from machine.core import admission, commands, drains, failures, loop, run, step, tools
 from machine.core.config import CoreConfig, ToolMode
-from machine.core.records import (
-    ABD_ERROR,
-    ABD_TEXT,
-    ABORTED,
-    ABORTED_ERROR,
-    ABORTED_TEXT,
-    COMPLETED,
-    DISPOSED,
-    LOOP_TYPES,
-    MAX_TOKENS,
-    NO_ROUTE_MESSAGE,
-    frozen_json,
-    frozen_message,
-)
+from machine.core.records import NO_ROUTE_MESSAGE
 from machine.core.snapshot import duplicate_state, log_parts, state_parts
 from machine.core.state import CoreState
-from machine.core.tools import ABD_RESULT, normalized, plan_arguments, raised_result
-from machine.errors import NotPicklableError
-from machine.jsonvalue import shown
+from machine.errors import NotPicklableError, ProtocolError
+from machine.events import Event
+from machine.io import (
+    Append,
+    Cancel,
+    Chunk,
+    Dispose,
+    Effect,
+    End,
+    Input,
+    Observer,
+    Output,
+    Raise,
+    Resolve,
+    Send,
+)
+from machine.jsonvalue import JsonLike, shown
 from machine.log import LogMark, SessionLog
+from machine.vocabulary import FOLLOWUP, INJECT, STEER, CancelCause, ErrorInfo
 
-__all__ = ["ABD_ERROR", "ABD_RESULT", "ABD_TEXT", "ABORTED", "ABORTED_ERROR", "ABORTED_TEXT",
-           "COMPLETED", "DISPOSED", "LOOP_TYPES", "MAX_TOKENS", "NO_ROUTE_MESSAGE", "AgentCore",
-           "CoreConfig", "CoreSnapshot", "CoreState", "ToolMode", "frozen_json",
-           "frozen_message", "normalized", "plan_arguments", "raised_result"]
+__all__ = ["NO_ROUTE_MESSAGE", "AgentCore", "CoreConfig", "CoreSnapshot", "ToolMode"]
+
+# Every phase of the loop is bound once its module is imported (above): check them against
+# the declared graph now, so that a phase without a declaration fails at import.
+del admission, drains, failures, run, step, tools
+loop.verify()
 
 
-class AgentCore(Admission):
+class AgentCore:
     """The deterministic sans-I/O agent core. See the module docstring."""
 
     def __init__(self, config: CoreConfig | None = None, *, log: SessionLog | None = None,
                  clock: Callable[[], float] | None = None,
                  mint_id: Callable[[str, int], str] | None = None) -> None:
-        super().__init__(config, log=log, clock=clock, mint_id=mint_id)
-        if self.config.publish:
-            self._emit_live(ev.SESSION_CREATED)
-            self._emit_live(ev.AGENT_CREATED, status="idle")
-            self._emit_live(ev.SESSION_START, source=self.config.session_start)
+        state = self._state = CoreState(config, log=log, clock=clock, mint_id=mint_id)
+        if state.config.publish:                                # P11
+            state.emit_live(ev.SESSION_CREATED)
+            state.emit_live(ev.AGENT_CREATED, status="idle")
+            state.emit_live(ev.SESSION_START, source=state.config.session_start)
 
-    # ------------------------------------------------------------------
-    # Snapshots (rule R4.12)
-    # ------------------------------------------------------------------
+    @classmethod
+    def _over(cls, state: CoreState) -> AgentCore:
+        core = cls.__new__(cls)
+        core._state = state
+        return core
+
+    # -- outputs (P1) ---------------------------------------------------------------------
+
+    def next_output(self) -> Output | None:
+        """The next output, or None when the core waits for an input (P1)."""
+        return self._state.next_output()
+
+    def drain_outputs(self) -> list[Output]:
+        """Pull every output available now (no observers act in between)."""
+        outputs: list[Output] = []
+        while (output := self.next_output()) is not None:
+            outputs.append(output)
+        return outputs
+
+    # -- commands (R5, R16, R17, R20.2, P3) -------------------------------------------------
+
+    def send(self, message: JsonLike, options: JsonLike) -> None:
+        """R5: validate (options first, then the message), snapshot, route."""
+        commands.send(self._state, message, options)
+
+    def followup(self, message: JsonLike) -> None:
+        commands.send_preset(self._state, message, FOLLOWUP)
+
+    def steer(self, message: JsonLike) -> None:
+        commands.send_preset(self._state, message, STEER)
+
+    def inject(self, message: JsonLike) -> None:
+        commands.send_preset(self._state, message, INJECT)
+
+    def cancel(self, cause: JsonLike, keep_inbox: bool = False) -> None:
+        """R16: cancel the current activity and (unless *keep_inbox*) what is pending."""
+        commands.cancel(self._state, cause, keep_inbox)
+
+    def dispose(self) -> None:
+        """R17: cancel(disposed) now; teardown outputs follow once the core is quiescent."""
+        commands.dispose(self._state)
+
+    def append(self, type: str, data: JsonLike, *, surface_op: JsonLike = None,
+               source_event_seqs: Sequence[int] | None = None, ignorable: bool = False) -> Event:
+        """A direct append by extension code (R20.2): checked, committed, delivered in order.
+        *ignorable* marks an extension event a build that does not read its type may resume
+        past (D16)."""
+        return commands.append(self._state, type, data, surface_op=surface_op,
+                               source_event_seqs=source_event_seqs, ignorable=ignorable)
+
+    # -- completions (P4-P6, P10) -----------------------------------------------------------
+
+    def resolve(self, effect: int, value: JsonLike = None) -> None:
+        self._state.complete(effect, "resolve", value)
+
+    def fail(self, effect: int, error: ErrorInfo) -> None:
+        if not isinstance(error, ErrorInfo):
+            raise ProtocolError(f"effect {effect}: a raise needs an ErrorInfo, not "
+                                f"{type(error).__name__}")
+        self._state.complete(effect, "raise", ErrorInfo.checked(error))  # V2: however built
+
+    def chunk(self, effect: int, chunk: JsonLike) -> None:
+        self._state.complete(effect, "chunk", chunk)
+
+    def end(self, effect: int) -> None:
+        self._state.complete(effect, "end", None)
+
+    def feed(self, item: Input) -> None:
+        """Apply one input value (P9)."""
+        if isinstance(item, Send):
+            self.send(item.message, item.options)
+        elif isinstance(item, Cancel):
+            self.cancel(item.cause, item.keep_inbox)
+        elif isinstance(item, Dispose):
+            self.dispose()
+        elif isinstance(item, Observer):
+            pass                        # P14: an observer's failure or veto never reaches the core
+        elif isinstance(item, Append):
+            self.append(item.type, item.data, surface_op=item.surface_op,
+                        source_event_seqs=item.source_event_seqs, ignorable=item.ignorable)
+        elif isinstance(item, Resolve):
+            self.resolve(item.effect, item.value)
+        elif isinstance(item, Raise):
+            self.fail(item.effect, item.error)
+        elif isinstance(item, Chunk):
+            self.chunk(item.effect, item.chunk)
+        elif isinstance(item, End):
+            self.end(item.effect)
+        else:                           # P9, P10: only the inputs of P9
+            raise ProtocolError(f"not an input: {shown(item)}")
+
+    # -- read-only state (P10) --------------------------------------------------------------
+
+    @property
+    def config(self) -> CoreConfig:
+        return self._state.config
+
+    @property
+    def log(self) -> SessionLog:
+        return self._state.log
+
+    @property
+    def status(self) -> Literal["idle", "running"]:
+        return self._state.status
+
+    @property
+    def accepts_next_step(self) -> bool:
+        return self._state.accepts_next_step
+
+    @property
+    def pending_queued(self) -> int:
+        return self._state.pending_queued
+
+    @property
+    def pending_steering(self) -> int:
+        return self._state.pending_steering
+
+    @property
+    def pending_context(self) -> int:
+        return self._state.pending_context
+
+    @property
+    def wake_pending(self) -> bool:
+        return self._state.wake_pending
+
+    @property
+    def retry_pending(self) -> bool:
+        return self._state.retry_pending
+
+    @property
+    def is_quiescent(self) -> bool:
+        """R18: not busy, no wake pending, no waking item queued (what ``whenIdle`` waits for)."""
+        return self._state.is_quiescent
+
+    @property
+    def disposing(self) -> bool:
+        return self._state.disposing
+
+    @property
+    def disposed(self) -> bool:
+        return self._state.disposed
+
+    @property
+    def failure(self) -> ErrorInfo | None:
+        """P16: the internal failure that stopped the core, or None while it works."""
+        return self._state.failure
+
+    @property
+    def outstanding_effects(self) -> tuple[int, ...]:
+        """Ids of the effects requested and not yet completed, in request order."""
+        return self._state.outstanding_effects
+
+    def outstanding(self) -> tuple[Effect, ...]:
+        """The outstanding effect requests (without the model history view)."""
+        return self._state.outstanding()
+
+    def signal_reason(self, signal: int) -> CancelCause | None:
+        """The abort reason of the current controller if it has this signal id."""
+        return self._state.signal_reason(signal)
+
+    def queued_ids(self) -> tuple[str, ...]:
+        """Ids of the queued inbox items, FIFO order."""
+        return self._state.queued_ids()
+
+    def staged(self) -> tuple[tuple[str, bool], ...]:
+        """(message id, is_steering) of the staged outbox items, FIFO order."""
+        return self._state.staged()
+
+    def coupling_problems(self) -> list[str]:
+        """R4.11: the couplings that do not hold now (none between outputs)."""
+        return self._state.coupling_problems()
+
+    # -- snapshots (R4.12) ------------------------------------------------------------------
 
     def snapshot(self) -> CoreSnapshot:
         """The core's whole state now, as an immutable value (R4.12): its machines, queues,
         outstanding effects, buffered completions, queued outputs and the loop's position,
         with the session log by position. O(state); the log is not copied. Take it between
         outputs (any time the caller holds control)."""
-        state = AgentCore.__new__(type(self))
-        duplicate_state(self, state, self.log)
+        state = CoreState.__new__(CoreState)
+        duplicate_state(self._state, state, self.log)
         return CoreSnapshot(state, self.log, self.log.mark())
 
     @classmethod
@@ -131,15 +277,20 @@ class AgentCore(Admission):
         snapshot restores any number of times."""
         if not isinstance(snapshot, CoreSnapshot):
             raise TypeError(f"restore takes a CoreSnapshot, not {type(snapshot).__name__}")
-        core = AgentCore.__new__(type(snapshot._state))
-        duplicate_state(snapshot._state, core, snapshot._log.fork(snapshot._mark))
-        return core
+        state = CoreState.__new__(CoreState)
+        duplicate_state(snapshot._state, state, snapshot._log.fork(snapshot._mark))
+        return cls._over(state)
 
     def copy(self) -> AgentCore:
         """An independent core in this core's state (`restore` of a `snapshot`, in one copy)."""
-        core = AgentCore.__new__(type(self))
-        duplicate_state(self, core, self.log.fork())
-        return core
+        state = CoreState.__new__(CoreState)
+        duplicate_state(self._state, state, self.log.fork())
+        return AgentCore._over(state)
+
+
+def state_of(core: AgentCore) -> CoreState:
+    """The state under *core* (for checkers that read it whole: the explorer's keys)."""
+    return core._state
 
 
 class CoreSnapshot:
@@ -156,7 +307,7 @@ class CoreSnapshot:
 
     __slots__ = ("_key", "_log", "_mark", "_state")
 
-    def __init__(self, state: AgentCore, log: SessionLog, mark: LogMark) -> None:
+    def __init__(self, state: CoreState, log: SessionLog, mark: LogMark) -> None:
         self._state = state
         self._log = log
         self._mark = mark
@@ -212,7 +363,7 @@ class CoreSnapshot:
         state = {name: value for name, value in vars(self._state).items() if name != "log"}
         log = self._log.fork(self._mark)
         try:
-            data = pickle.dumps((type(self._state), state, log), pickle.HIGHEST_PROTOCOL)
+            data = pickle.dumps((state, log), pickle.HIGHEST_PROTOCOL)
         except Exception as error:
             raise NotPicklableError(
                 f"a snapshot cannot be pickled: {_unpicklable_part(state, log)} cannot be "
@@ -251,10 +402,10 @@ def _unpicklable_part(state: dict[str, object], log: SessionLog) -> str:
 
 def _unpickled_snapshot(data: bytes) -> CoreSnapshot:
     """A snapshot from what `CoreSnapshot.__reduce__` pickled."""
-    kind, state, log = pickle.loads(data)
-    if not (isinstance(kind, type) and issubclass(kind, AgentCore)):
-        raise TypeError(f"a pickled snapshot holds a {shown(kind)}, not a core's class")
-    core = kind.__new__(kind)
+    state, log = pickle.loads(data)
+    if not isinstance(state, dict):
+        raise TypeError(f"a pickled snapshot holds a {shown(state)}, not a core's state")
+    core = CoreState.__new__(CoreState)
     vars(core).update(state)
     core.log = log
     return CoreSnapshot(core, log, log.mark())

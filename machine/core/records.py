@@ -1,29 +1,21 @@
-"""The records the loop keeps and the constants it writes: controllers, waits, the
-cancel scope and its pending reports (P7), effects, failures (R15), step outcomes."""
+"""The small records the core keeps besides its machines and frames: abort controllers, waits,
+a cancel's scope and its pending reports (P7), effects, failures inside a turn (R15), a step's
+outcome; and the frozen forms of the values its events carry."""
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
 
 from machine import events as ev
 from machine.events import LiveEvent
-from machine.io import (
-    Control,
-    EffectKind,
-    Live,
-    Output,
-)
-from machine.jsonvalue import (
-    FrozenDict,
-    FrozenList,
-    freeze,
-)
+from machine.io import Control, EffectKind, Live, Output
+from machine.jsonvalue import FrozenDict, FrozenList, freeze
 from machine.vocabulary import (
     END_ABORTED,
     END_COMPLETED,
     END_DISPOSED,
     END_MAX_TOKENS,
+    RETRY_TRIGGER,
     SETTLE_ABORTED,
     SETTLE_COMPLETED,
     CancelCause,
@@ -36,21 +28,9 @@ from machine.vocabulary import (
     TurnTrigger,
     message_mapping,
 )
-from machine.vocabulary import RETRY_TRIGGER as RETRY
 
-#: The reasons and triggers the loop writes, as the vocabulary's typed records (V13, V19,
-#: V20); `record_json` gives their frozen JSON form where an event or notice carries one.
-COMPLETED: Final = END_COMPLETED
-ABORTED: Final = END_ABORTED
-DISPOSED: Final = END_DISPOSED
-MAX_TOKENS: Final = END_MAX_TOKENS
-SETTLED_COMPLETED: Final = SETTLE_COMPLETED
-SETTLED_ABORTED: Final = SETTLE_ABORTED
-RETRY_TRIGGER: Final = RETRY
-
-
+#: E2: the surface operation of the surface events the loop appends.
 APPEND: Final = "append"
-
 
 #: R20.4: the event types the loop writes to structure its turns; while the core is busy a
 #: direct append of one of them is refused.
@@ -58,21 +38,8 @@ LOOP_TYPES: Final = frozenset({ev.TURN_START, ev.TURN_END, ev.STEP_START, ev.STE
                                ev.ASSISTANT_CHUNK, ev.ASSISTANT_MESSAGE, ev.TOOL_CALL,
                                ev.TOOL_RESULT})
 
-
-ABD_ERROR: Final = FrozenDict({"name": "AbortError", "code": "ABORTED_BEFORE_DISPATCH"})
-
-
-ABD_TEXT: Final = "Error: tool call aborted before dispatch"
-
-
-ABORTED_ERROR: Final = FrozenDict({"name": "AbortError", "code": "ABORTED"})
-
-
-ABORTED_TEXT: Final = "Error: tool call aborted"
-
-
+#: R9.7: the failure of a finish chunk of kind error or aborted that carries none.
 DEFAULT_ABORT_FAILURE: Final = LlmFailure("model request aborted", "ABORTED")
-
 
 #: R9.6: the text of the uncoded error for a request config without provider or model.
 NO_ROUTE_MESSAGE: Final = ("the request config has no provider/model: set them in "
@@ -80,8 +47,9 @@ NO_ROUTE_MESSAGE: Final = ("the request config has no provider/model: set them i
 
 
 @dataclass(slots=True)
-class _Controller:
-    """An abort controller: one per admission, one per run (R4.4)."""
+class Controller:
+    """An abort controller: one per admission, one per run (R4.4); *reason* is the cause of
+    the first cancel that aborted it (R16.3)."""
 
     signal: int
     kind: Literal["admission", "run"]
@@ -92,9 +60,10 @@ class _Controller:
         return self.reason is not None
 
 
-class _Wait:
-    """Given by a phase of the loop: suspend until a completion of one of *ids* is available.
-    (Never changed once made; a plain class because the loop makes one per wait.)"""
+class Wait:
+    """What a phase of the loop gives to suspend until a completion of one of *ids* is
+    available (P6). Never changed once made; a plain class because the loop makes one per
+    wait."""
 
     __slots__ = ("ids",)
 
@@ -102,12 +71,12 @@ class _Wait:
         self.ids = ids
 
     def __repr__(self) -> str:
-        return f"_Wait(ids={set(self.ids)!r})"
+        return f"Wait(ids={set(self.ids)!r})"
 
 
 @dataclass(slots=True)
-class _DiscardSlot:
-    """A discard report whose message lists may still grow (rule P7); materialised when pulled.
+class DiscardSlot:
+    """A discard report whose message lists may still grow (P7); materialised when pulled.
 
     The inbox report lists queued items, then steering items (R16.2), so input that
     observers of ``agent/cancel-requested`` queue lands before the steering it clears.
@@ -129,7 +98,7 @@ class _DiscardSlot:
 
 
 @dataclass(slots=True)
-class _AbortNotice:
+class AbortNotice:
     """The ``abort`` output of a cancel, queued; its reason is the cause of whichever cancel of
     its scope aborts first (a joined cancel does, D9), so it is materialised when pulled."""
 
@@ -142,26 +111,28 @@ class _AbortNotice:
 
 
 @dataclass(slots=True)
-class _Retro:
-    """One effective cancel's scope (rule P7): its pending reports (none for a keepInbox
-    cancel until a joined cancel clears something), its pending ``abort``, and how much
-    input the current position of its window has diverted into the reports (D9)."""
+class CancelScope:
+    """One effective cancel's scope (P7): its pending reports (none for a keepInbox cancel
+    until a joined cancel clears something), its pending ``abort``, and how much input the
+    current position of its delivery has swept into the reports (D9)."""
 
-    inbox_slot: _DiscardSlot | None
-    context_slot: _DiscardSlot | None
-    abort: _AbortNotice | None = None
+    inbox_slot: DiscardSlot | None
+    context_slot: DiscardSlot | None
+    abort: AbortNotice | None = None
     fresh: int = 0
 
 
 @dataclass(frozen=True, slots=True)
-class _CancelRequested:
+class CancelRequested:
+    """A queued ``agent/cancel-requested`` notice: pulling it opens its cancel's delivery (P7)."""
+
     output: Live
-    retro: _Retro
+    scope: CancelScope
 
 
 @dataclass(slots=True)
-class _EffectRecord:
-    """An outstanding effect (P4): in ``_effects`` from its request until it completes,
+class EffectRecord:
+    """An outstanding effect (P4): in the core's effects from its request until it completes,
     is released (P5) or is abandoned (P16); a completion of an id no longer there is
     refused (P10) or, when abandoned, dropped."""
 
@@ -169,11 +140,11 @@ class _EffectRecord:
     payload: FrozenDict
 
 
-class _Aborted(Exception):
+class Aborted(Exception):
     """Raised inside the loop by a signal check on an aborted signal (R0.7)."""
 
 
-class _Failure(Exception):
+class Failure(Exception):
     """A generic or request failure inside a turn (R15); its code is its error's."""
 
     def __init__(self, error: ErrorInfo, *, request_failure: LlmFailure | None = None) -> None:
@@ -188,8 +159,14 @@ class _Failure(Exception):
         return type(self), (self.error,), vars(self)
 
 
+#: What ends a turn early: an abort or a failure (R8.6, R15).
+TurnFailure: TypeAlias = "Aborted | Failure"
+
+
 @dataclass(slots=True)
-class _StepOutcome:
+class StepOutcome:
+    """What a step hands back to the step loop (R8.4, R8.5)."""
+
     request_failed: bool = False
     had_calls: bool = False
     took_steering: bool = False
@@ -197,51 +174,20 @@ class _StepOutcome:
     max_tokens: bool = False
 
 
-_Mail: TypeAlias = tuple[int, str, Any]
+#: A completion buffered until the loop takes it (P6): (effect id, kind, value).
+Mail: TypeAlias = tuple[int, str, Any]
+
+#: What the output queue holds: outputs, and a cancel's parts materialised when pulled (P7).
+Queued: TypeAlias = "Output | DiscardSlot | CancelRequested | AbortNotice"
 
 
-#: What a phase of the loop does next (see `Frame`): hand out an output, wait for a
-#: completion, start a sub-activity (its frame), or end its activity (`DONE`).
-Action: TypeAlias = "Output | _Wait | Frame | _Done"
-
-#: A phase of an activity: called with the core, the activity's frame and what the phase
-#: receives (the completion waited for, a finished sub-activity's result, or None).
-Phase: TypeAlias = Callable[[Any, Any, Any], Action]
+def warning(text: str) -> Live:
+    """An ``agent/warning`` notice (R0.8)."""
+    return Live(LiveEvent(ev.WARNING, FrozenDict({"text": text})))
 
 
-class _Done:
-    """The action of a phase that ends its activity; the frame's ``result`` is its value."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "DONE"
-
-
-DONE: Final = _Done()
-
-
-@dataclass(slots=True, kw_only=True)
-class Frame:
-    """One activity of the loop in progress (R4.10), as data: where it is (``phase``, the
-    function that runs when the loop next advances it), its locals (the subclass's fields),
-    its result once done, and the handler of the failures it catches while one is armed.
-
-    The loop is a stack of frames in `CoreState` (``_frames``): the top frame runs; a frame a
-    phase returns is pushed and starts; `DONE` pops the top frame and hands its result to
-    the frame below. A failure raised by a phase unwinds the stack to the nearest frame with
-    a ``handler``, which is disarmed and called with the failure (R8.6). Nothing else holds
-    the loop's position, so a frame stack copies and compares as data (R4.12)."""
-
-    phase: Phase
-    result: Any = None
-    handler: Phase | None = None
-
-
-_Queued: TypeAlias = "Output | _DiscardSlot | _CancelRequested | _AbortNotice"
-
-
-def _message_id(notice: Live) -> object:
+def announced_id(notice: Live) -> object:
+    """The id of the message an ``agent/inbox/enqueue`` notice announces."""
     message = notice.event.payload.get("message")
     return message.get("id") if isinstance(message, FrozenDict) else None
 
@@ -261,7 +207,8 @@ def frozen_json(value: CancelCause | ErrorInfo | LlmFailure | ToolResult | TurnE
 
 #: The frozen JSON of the constant records, made once (they live as long as the module).
 _CONSTANT_JSON: Final = {id(record): frozen_json(record) for record in (
-    COMPLETED, ABORTED, DISPOSED, MAX_TOKENS, SETTLED_COMPLETED, SETTLED_ABORTED, RETRY_TRIGGER)}
+    END_COMPLETED, END_ABORTED, END_DISPOSED, END_MAX_TOKENS, SETTLE_COMPLETED, SETTLE_ABORTED,
+    RETRY_TRIGGER)}
 
 
 def record_json(record: TurnEndReason | SettleReason | TurnTrigger) -> FrozenDict:

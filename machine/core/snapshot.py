@@ -18,6 +18,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+from machine.core.loop import _Done
+from machine.core.records import Wait
 from machine.log import LogMark, SessionLog
 from machine.machines import Inbox, Lifecycle, Outbox, Window
 
@@ -45,7 +47,7 @@ def _is_shared(kind: type) -> bool:
             or (params is not None and params.frozen and not kind.__module__.startswith(
                 "machine.core"))
             or kind.__module__ == "machine.jsonvalue"        # FrozenDict, FrozenList
-            or kind.__name__ in ("_Wait", "_Done", "_Prefix"))
+            or kind in (Wait, _Done) or kind.__name__ == "_Prefix")
     return shared
 
 
