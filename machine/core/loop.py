@@ -464,12 +464,12 @@ KINDS: Final[tuple[Kind, ...]] = (
          )),
     Kind("request-failed", RequestFailedFrame, "a failed model request: step/end, recovery, "
          "classification", "R13.2", (
-             P("begin", "recover", rules="R13.2"),
-             P("recover", "await_recovery", "classify", rules="R13.2"),
+             P("begin", "recover", rules="R13.2.1"),
+             P("recover", "await_recovery", "classify", rules="R13.2.2"),
              P("await_recovery", "answered"),
-             P("answered", "classify", waits=True, rules="R13.2"),
-             P("classify", "done", starts=("classify",), rules="R13.2"),
-             P("done", ends=True, rules="R13.2"),
+             P("answered", "classify", waits=True, rules="R13.2.3"),
+             P("classify", "done", starts=("classify",), rules="R13.2.4"),
+             P("done", ends=True, rules="R13.2.5"),
          )),
     Kind("batch", BatchFrame, "the tool batch: calls in exclusive and parallel groups, "
          "settlements as they come, commits in model order", "R10", (
@@ -477,7 +477,7 @@ KINDS: Final[tuple[Kind, ...]] = (
              P("fill", "started", "take", starts=("start-call",), rules="R10.2-R10.3"),
              P("started", "fill", starts=("commit-ready",), rules="R10.4"),
              P("take", "group", "settled", "taken", rules="R10.2, P6"),
-             P("settled", "taken", waits=True, rules="R10.3, P6"),
+             P("settled", "taken", waits=True, rules="R10.3.5, P6"),
              P("taken", "fill", starts=("commit-ready",), rules="R10.2, R10.4"),
              P("end", "synthetic_call", ends=True, rules="R10.7, R10.9"),
              P("synthetic_call", "synthetic_result", ends=True, rules="R10.7"),
@@ -485,11 +485,11 @@ KINDS: Final[tuple[Kind, ...]] = (
          )),
     Kind("start-call", StartCallFrame, "one call started: tool/call, prepare, dispatch",
          "R10.3", (
-             P("begin", "prepare", rules="R10.3"),
-             P("prepare", "await_prepare", ends=True, rules="R10.3"),
+             P("begin", "prepare", rules="R10.3.1"),
+             P("prepare", "await_prepare", ends=True, rules="R10.3.2"),
              P("await_prepare", "prepared", rules="P6"),
              P("prepared", "await_prepare", "finished", waits=True, ends=True,
-               rules="R10.3, P6"),
+               rules="R10.3.3-R10.3.4, P6"),
              P("finished", ends=True),
          )),
     Kind("commit-ready", CommitReadyFrame, "settled calls committed in model order", "R10.4", (
