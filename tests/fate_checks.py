@@ -15,12 +15,20 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from machine.core import AgentCore
+from machine.core import AgentCore, commands, state_of
 from machine.events import Event
 from machine.invariants import InvariantMonitor
-from machine.jsonvalue import JsonLike
+from machine.jsonvalue import JsonLike, snapshot
 from machine.runtime.fates import FateLedger, MessageFate
-from machine.vocabulary import ErrorInfo, Message, SendOptions
+from machine.vocabulary import (
+    FOLLOWUP,
+    INJECT,
+    STEER,
+    ErrorInfo,
+    Message,
+    SendOptions,
+    validate_user_message,
+)
 
 
 class LedgeredCore(AgentCore):
@@ -32,9 +40,31 @@ class LedgeredCore(AgentCore):
         self.ledger = FateLedger(self, keep=1_000_000)
         self.direct_ids: set[object] = set()       # ids of user/messages appended directly
 
+    # The sends go through the core's own steps (`machine.core.commands`: check, take each
+    # argument once, validate, route) so that the routed message is the one recorded; the
+    # tests compare this core's outputs with a plain `AgentCore`'s at every step.
+    def send(self, message: JsonLike, options: JsonLike) -> None:
+        state = state_of(self)
+        commands.check_live(state)
+        opts = SendOptions.from_json(snapshot(options))
+        self._route(validate_user_message(snapshot(message)), opts)
+
+    def followup(self, message: JsonLike) -> None:
+        self._send_preset(message, FOLLOWUP)
+
+    def steer(self, message: JsonLike) -> None:
+        self._send_preset(message, STEER)
+
+    def inject(self, message: JsonLike) -> None:
+        self._send_preset(message, INJECT)
+
+    def _send_preset(self, message: JsonLike, preset: SendOptions) -> None:
+        commands.check_live(state_of(self))
+        self._route(validate_user_message(snapshot(message)), preset)
+
     def _route(self, message: Message, options: SendOptions) -> None:
-        window, seq = self.window.is_open, len(self.log)
-        super()._route(message, options)
+        window, seq = self.accepts_next_step, len(self.log)
+        commands.route(state_of(self), message, options)
         self.ledger.accept(message.id, options, window, seq)
 
     def append(self, type: str, data: JsonLike, *, surface_op: JsonLike = None,
