@@ -47,7 +47,10 @@ EXEMPT = {"D8": "storage damage on load (specs/persistence.md); the core has no 
                    "vector, tests/test_providers_reach.py)",
           "R4.12": "snapshots are an API of the implementation, not of the port protocol "
                    "(tests/test_R4_snapshots.py restores the core at every input and output "
-                   "of every vector)"}
+                   "of every vector)",
+          "R4.13": "the loop's declared graph is the implementation's own state, which the "
+                   "protocol does not show (the invariant monitor checks every phase change "
+                   "against it at every output of every vector, tests/test_R4_loop.py)"}
 
 #: scenarios.md scenarios of the core; G4 (fork) and G7 (loading a live session) are
 #: persistence-only.
