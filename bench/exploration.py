@@ -1,4 +1,4 @@
-"""Item 4: bounded exhaustive exploration (`machine.explore.classic_explorer`): states/s and the time
+"""Item 4: bounded exhaustive exploration (`machine.checking.search.classic_explorer`): states/s and the time
 to exhaust depths 4..8 with the first explorer's alphabet (followup, steer, inject, cancel, and
 the answer variants it had), so the figures compare across runs.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Section
-from machine.explore import CONFIGURATIONS, Explorer, classic_explorer
+from machine.checking.search import CONFIGURATIONS, Explorer, classic_explorer
 
 FULL_DEPTHS = (4, 5, 6, 7, 8)
 QUICK_DEPTHS = (2, 3)
@@ -242,7 +242,10 @@ def _timer_cost(timed: Callable[[Callable[..., Any], list[int]], Callable[..., A
 _MEASURE = """
 import json, logging, sys, time
 logging.getLogger("turnstile").setLevel(logging.ERROR)
-from machine.explore import CONFIGURATIONS, classic_explorer
+try:
+    from machine.checking.search import CONFIGURATIONS, classic_explorer
+except ImportError:     # a base from before the package was laid out by role (issue 32)
+    from machine.explore import CONFIGURATIONS, classic_explorer
 search, depth = sys.argv[1], int(sys.argv[2])
 explorer = classic_explorer() if search == "classic" else CONFIGURATIONS["idle"].explorer()
 started = time.process_time()

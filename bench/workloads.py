@@ -1,6 +1,6 @@
 """The three core workloads of items 1, 2 and 7, and a lean synchronous driver.
 
-`machine.scripted.Driver` records every output and runs the R20.1 invariant
+`machine.checking.scripted.Driver` records every output and runs the R20.1 invariant
 monitor at each one: right for tests, but for a throughput figure it would
 measure the driver. `LeanDriver` keeps nothing but counters: it pulls outputs
 until the core waits, answers the oldest outstanding effect synchronously, and

@@ -12,7 +12,6 @@ __version__ = "0.1.0"
 
 from machine.core import AgentCore, CoreConfig
 from machine.errors import (
-    CodecError,
     CoreFailedError,
     DisposedError,
     InvariantError,
@@ -27,9 +26,6 @@ from machine.io import Control, Durable, Effect, Live, Output
 from machine.jsonvalue import FrozenDict, FrozenList, freeze, json_default, thaw
 from machine.log import SessionLog
 from machine.vocabulary import (
-    FOLLOWUP,
-    INJECT,
-    STEER,
     CancelCause,
     ErrorInfo,
     LlmFailure,
@@ -41,7 +37,7 @@ from machine.vocabulary import (
 )
 
 __all__ = [
-    "FOLLOWUP", "INJECT", "STEER", "AgentCore", "CancelCause", "CodecError", "Control",
+    "AgentCore", "CancelCause", "Control",
     "CoreConfig", "CoreFailedError", "DisposedError", "Durable", "Effect", "ErrorInfo", "Event", "FrozenDict",
     "FrozenList", "InvariantError", "Live", "LiveEvent", "LlmFailure", "Message",
     "NotJsonCompatibleError", "NotPicklableError", "Output", "ProtocolError", "SendOptions", "SessionLog",

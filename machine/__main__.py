@@ -1,8 +1,8 @@
-"""``python -m machine``: the ``turnstile`` command line (`machine.cli`)."""
+"""``python -m machine``: the ``turnstile`` command line (`machine.cli.main`)."""
 
 import sys
 
-from machine.cli import main
+from machine.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2020,7 +2020,7 @@ def _positions(loop: Loop[None] | None, shared: _Numbering) -> tuple[object, ...
 
 
 if TYPE_CHECKING:
-    from machine.explore import Agentlike
+    from machine.checking.search import Agentlike
 
     def _drivable_by_the_explorer(agent: ModelAgent) -> Agentlike:
         """The explorer drives a ModelAgent as it drives a core: checked here."""

@@ -5,7 +5,7 @@ tests that drive the core directly (tests/test_hostile_inputs.py, tests/test_dif
 send the core routes (R5, whichever command or ``feed`` brought it), every direct append,
 every dispose and every completion; the test feeds the ledger every output it pulls.
 `fate_problems` then says, at a quiet point, where the fates disagree with the core and with
-`machine.invariants.InvariantMonitor`'s counts: every accepted message has exactly one fate,
+`machine.checking.invariants.InvariantMonitor`'s counts: every accepted message has exactly one fate,
 and the fates add up to what the R20.1 ledger saw.
 """
 
@@ -15,9 +15,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from machine.checking.invariants import InvariantMonitor
 from machine.core import AgentCore, commands, state_of
 from machine.events import Event
-from machine.invariants import InvariantMonitor
 from machine.jsonvalue import JsonLike, snapshot
 from machine.runtime.fates import FateLedger, MessageFate
 from machine.vocabulary import (

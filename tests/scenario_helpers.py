@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
+from machine.checking.scripted import HOLD, Driver, ScriptedEnvironment, ok_result, text_reply
 from machine.conformance.authoring import (
     check_log,
     event_token,
@@ -62,7 +63,6 @@ from machine.events import Event
 from machine.io import Control, Effect, Output
 from machine.jsonvalue import Frozen, FrozenDict, FrozenList, JsonLike, thaw
 from machine.log import SessionLog
-from machine.scripted import HOLD, Driver, ScriptedEnvironment, ok_result, text_reply
 from machine.vocabulary import ErrorInfo, Message
 
 if TYPE_CHECKING:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 from scenario_helpers import Scenario, both, msg, scenario, tokens
 
+from machine.checking.scripted import calls_reply, model_failure
 from machine.errors import InvariantError
 from machine.io import Control, Durable, Effect, Live, Output
 from machine.jsonvalue import FrozenDict, JsonLike, thaw
-from machine.scripted import calls_reply, model_failure
 from machine.vocabulary import ErrorInfo
 
 # --------------------------------------------------------------------------

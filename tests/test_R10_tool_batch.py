@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 from scenario_helpers import L, Scenario, both, msg, reason_kinds, result_with_contexts, scenario
 
+from machine.checking.scripted import calls_reply, ok_result
 from machine.core import CoreConfig
 from machine.jsonvalue import FrozenDict, thaw
-from machine.scripted import calls_reply, ok_result
 
 ABORTED = {"content": [{"type": "text", "text": "Error: tool call aborted"}], "isError": True,
            "error": {"name": "AbortError", "code": "ABORTED"}}

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from scenario_helpers import L, Scenario, at, obj, string
 
+from machine.checking.scripted import HOLD, calls_reply, ok_result
 from machine.core import CoreConfig
 from machine.core.tools import normalized
 from machine.jsonvalue import FrozenDict, FrozenList, thaw
-from machine.scripted import HOLD, calls_reply, ok_result
 from machine.vocabulary import ErrorInfo, Message, ToolResult
 
 TOOL_ERROR = ErrorInfo("tool exploded", "ToolError", "E_TOOL")

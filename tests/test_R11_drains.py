@@ -12,8 +12,8 @@ from collections.abc import Callable
 import pytest
 from scenario_helpers import L, Scenario, at_running, both, scenario, tokens
 
+from machine.checking.scripted import calls_reply, ok_result
 from machine.jsonvalue import FrozenDict
-from machine.scripted import calls_reply, ok_result
 
 
 def held_step(impl: str) -> Scenario:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 from scenario_helpers import RETRY, Scenario, aborts, both, reason_kinds, scenario, tokens
 
+from machine.checking.scripted import calls_reply, model_failure
 from machine.jsonvalue import FrozenDict, thaw
-from machine.scripted import calls_reply, model_failure
 from machine.vocabulary import ErrorInfo
 
 

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 import pytest
 from scenario_helpers import RETRY, L, Scenario, both, reason_kinds, scenario, tokens
 
+from machine.checking.scripted import calls_reply, model_failure
 from machine.io import Effect
 from machine.jsonvalue import JsonLike, thaw
-from machine.scripted import calls_reply, model_failure
 from machine.vocabulary import ErrorInfo
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from scenario_helpers import L, Scenario, both, scenario
 
+from machine.checking.scripted import calls_reply, text_reply
 from machine.jsonvalue import JsonLike, thaw
-from machine.scripted import calls_reply, text_reply
 from machine.vocabulary import ErrorInfo
 
 CUT: list[JsonLike] = [{"type": "text", "text": "partial answer"},

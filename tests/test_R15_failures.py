@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import pytest
 from scenario_helpers import Scenario, both, scenario
 
+from machine.checking.scripted import calls_reply, model_failure
 from machine.jsonvalue import JsonLike, thaw
-from machine.scripted import calls_reply, model_failure
 from machine.vocabulary import ErrorInfo, LlmFailure
 
 

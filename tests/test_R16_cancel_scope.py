@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 from scenario_helpers import Scenario, aborts, both, reason_kinds, scenario, tokens
 
+from machine.checking.scripted import calls_reply, model_failure, ok_result
 from machine.jsonvalue import FrozenDict, JsonLike, thaw
-from machine.scripted import calls_reply, model_failure, ok_result
 
 
 def held_step(impl: str) -> Scenario:

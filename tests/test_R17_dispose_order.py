@@ -13,9 +13,9 @@ from collections.abc import Callable
 import pytest
 from scenario_helpers import L, Scenario, aborts, both, msg, result_with_contexts, scenario, tokens
 
+from machine.checking.scripted import calls_reply, model_failure
 from machine.core import AgentCore
 from machine.errors import DisposedError
-from machine.scripted import calls_reply, model_failure
 from machine.vocabulary import ErrorInfo
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 from scenario_helpers import Scenario, both, scenario
 
+from machine.checking.scripted import calls_reply, model_failure, ok_result
 from machine.conformance.authoring import output_token
 from machine.io import Output
 from machine.jsonvalue import FrozenDict
-from machine.scripted import calls_reply, model_failure, ok_result
 from machine.vocabulary import ErrorInfo
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from scenario_helpers import Scenario, both, msg, result_with_contexts, scenario
 
+from machine.checking.scripted import calls_reply, ok_result
 from machine.io import Durable, Effect
 from machine.jsonvalue import thaw
 from machine.log import derive_history
-from machine.scripted import calls_reply, ok_result
 
 
 def log_length_at(s: Scenario, effect: Effect) -> int:

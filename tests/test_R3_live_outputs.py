@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 from scenario_helpers import Scenario, both, msg, scenario
 
+from machine.checking.scripted import model_failure
 from machine.errors import ProtocolError
 from machine.io import Live
 from machine.jsonvalue import thaw
-from machine.scripted import model_failure
 from machine.vocabulary import ErrorInfo
 
 

@@ -18,6 +18,8 @@ import pytest
 from scenario_helpers import Scenario, plant_phase
 
 import machine.core
+from machine.checking.invariants import AgentInvariantError, InvariantMonitor
+from machine.checking.scripted import calls_reply
 from machine.conformance.checker import run_vector
 from machine.conformance.subjects import LocalSubject
 from machine.conformance.vectors import find_vectors, load_vector
@@ -25,9 +27,7 @@ from machine.core import AgentCore, admission, loop, step, tools
 from machine.core.loop import Action, ClaimFrame, StepFrame
 from machine.core.records import Wait
 from machine.core.state import CoreState
-from machine.invariants import AgentInvariantError, InvariantMonitor
 from machine.log import SessionLog
-from machine.scripted import calls_reply
 
 ROOT = Path(__file__).resolve().parent.parent
 CORE = ROOT / "machine" / "core"

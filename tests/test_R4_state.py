@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 from scenario_helpers import Scenario, aborts, both, reason_kinds, scenario
 
+from machine.checking.scripted import Answer, Reply, calls_reply, model_failure
 from machine.core import CoreConfig
 from machine.errors import NotJsonCompatibleError
 from machine.events import Event
 from machine.jsonvalue import thaw
-from machine.scripted import Answer, Reply, calls_reply, model_failure
 from machine.vocabulary import ErrorInfo
 
 # --------------------------------------------------------------------------

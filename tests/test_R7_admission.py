@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from scenario_helpers import Scenario, aborts, at_running, both, msg, scenario, tokens
 
+from machine.checking.scripted import model_failure, text_reply
 from machine.jsonvalue import FrozenDict, JsonLike, thaw
-from machine.scripted import model_failure, text_reply
 from machine.vocabulary import ErrorInfo
 
 BLOCK = {"kind": "block", "reason": "not now"}

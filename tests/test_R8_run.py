@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from scenario_helpers import L, aborts, at_running, both, msg, reason_kinds, scenario, tokens
 
+from machine.checking.scripted import calls_reply, model_failure, ok_result
 from machine.jsonvalue import FrozenDict, thaw
-from machine.scripted import calls_reply, model_failure, ok_result
 from machine.vocabulary import ErrorInfo
 
 # --------------------------------------------------------------------------

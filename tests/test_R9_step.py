@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scenario_helpers import Scenario, assert_failed_step
 
+from machine.checking.scripted import calls_reply
+from machine.checking.strategies import json_values
 from machine.jsonvalue import canonical_json, freeze, same_json
-from machine.scripted import calls_reply
-from machine.strategies import json_values
 
 # --------------------------------------------------------------------------
 # R9.3 system prompt: a value that is not JSON-compatible (P13, R15.4)

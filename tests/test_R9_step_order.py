@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 from scenario_helpers import L, at_running, both, msg, reason_kinds, scenario
 
+from machine.checking.scripted import calls_reply, ok_result
 from machine.jsonvalue import FrozenDict, JsonLike, thaw
 from machine.log import derive_history
-from machine.scripted import calls_reply, ok_result
 from machine.vocabulary import ErrorInfo
 
 # --------------------------------------------------------------------------

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from machine import cli
-from machine.cli import Command, build_parser, main
+from machine.cli import main as cli
+from machine.cli.main import Command, build_parser, main
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "specs" / "examples"
 

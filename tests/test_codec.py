@@ -18,17 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from machine.errors import CodecError, NotJsonCompatibleError, ValidationError
-from machine.events import (
-    CORE_EVENT_TYPES,
-    LIVE_TYPES,
-    SURFACE_TYPES,
-    Event,
-    LiveEvent,
-    surface_op_problem,
-)
-from machine.jsonvalue import FrozenDict, FrozenList, freeze, thaw
-from machine.strategies import (
+from machine.checking.strategies import (
     assistant_messages,
     cancel_causes,
     chunks,
@@ -46,6 +36,16 @@ from machine.strategies import (
     turn_triggers,
     user_messages,
 )
+from machine.errors import CodecError, NotJsonCompatibleError, ValidationError
+from machine.events import (
+    CORE_EVENT_TYPES,
+    LIVE_TYPES,
+    SURFACE_TYPES,
+    Event,
+    LiveEvent,
+    surface_op_problem,
+)
+from machine.jsonvalue import FrozenDict, FrozenList, freeze, thaw
 from machine.vocabulary import (
     CancelCause,
     ErrorInfo,

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from machine.cli import main
+from machine.cli.main import main
 from machine.conformance import cli
 from machine.conformance.jsoncmp import first_difference, parse_pointer, pointer, same, same_frozen
 from machine.conformance.recorder import record_draft

@@ -50,7 +50,7 @@ def run_check(paths: list[str], port: str, *, timeout: float = 20.0) -> tuple[in
 
 
 def test_turnstile_adapter_passes_the_whole_corpus_through_the_protocol() -> None:
-    status, out, err = run_check([], command("-m", "machine.cli", "adapter"))
+    status, out, err = run_check([], command("-m", "machine.cli.main", "adapter"))
     count = len(list(find_vectors([CORPUS])))
     assert (status, out, err) == (0, f"{count} passed, 0 failed\n", "")
 
@@ -323,7 +323,7 @@ def test_PROTOCOL_3_a_helper_that_leaves_the_group_and_keeps_the_output_is_ended
     a regression of issue 28): a correct port whose helper calls setsid() and keeps its
     output passes, and the helper does not outlive the checker (it was left running, and
     each vector waited for its output to end)."""
-    port, pidfile = _setsid_wrapped(tmp_path, command("-m", "machine.cli", "adapter"))
+    port, pidfile = _setsid_wrapped(tmp_path, command("-m", "machine.cli.main", "adapter"))
     status, out, err = run_check([A1, A5], port)
     assert (status, out, err) == (0, "2 passed, 0 failed\n", "")
     assert _gone(int(pidfile.read_text()))
@@ -348,7 +348,7 @@ def test_PROTOCOL_3_a_port_flooding_its_output_exits_4_without_a_traceback(bug: 
     most MAX_LINE_BYTES of a line and QUEUED_LINES ahead, reports a port failure (exit 4)
     and nothing on standard error."""
     done = subprocess.run(
-        [sys.executable, "-m", "machine.cli", "check", "--timeout", "120", "--port",
+        [sys.executable, "-m", "machine.cli.main", "check", "--timeout", "120", "--port",
          wrong_port("--bug", bug), A1],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": str(ROOT)})

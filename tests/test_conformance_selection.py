@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from machine import __version__
-from machine.cli import main
+from machine.cli.main import main
 from machine.conformance.selection import (
     KnownFailuresError,
     Selection,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from machine import terminal
+from machine.cli import terminal
 from machine.conformance import cli, trace
 from machine.conformance.trace import trace_lines, verify_trace
 from machine.conformance.vectors import MalformedError, find_vectors, load_vector

@@ -33,7 +33,7 @@ class _Backend(TypedDict, total=False):
 
 
 BACKEND: _Backend = {"backend": "crosshair"} if DEEP else {}
-CONTRACT_FILES = ["machine/decisions.py", "machine/invariants.py"]
+CONTRACT_FILES = ["machine/decisions.py", "machine/checking/invariants.py"]
 
 
 def _crosshair(*paths: str) -> subprocess.CompletedProcess[str]:

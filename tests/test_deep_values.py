@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 from scenario_helpers import Scenario, at
 
+from machine.checking.scripted import Driver, ScriptedEnvironment, calls_reply, ok_result, text_reply
 from machine.core import AgentCore, CoreConfig
 from machine.errors import NotJsonCompatibleError
 from machine.jsonvalue import MAX_DEPTH, FrozenList, depth_of, freeze, frozen_from_json, thaw
-from machine.scripted import Driver, ScriptedEnvironment, calls_reply, ok_result, text_reply
 
 if TYPE_CHECKING:
     # The same files: setup.py installs model/ as machine._model, which mypy cannot follow.

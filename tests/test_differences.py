@@ -13,6 +13,14 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 from scenario_helpers import at
 
+from machine.checking.scripted import (
+    HOLD,
+    Driver,
+    ScriptedEnvironment,
+    calls_reply,
+    model_failure,
+    text_reply,
+)
 from machine.core import AgentCore, CoreConfig
 from machine.errors import CodecError, DisposedError, InvariantError, TurnstileError
 from machine.events import CANCEL_REQUESTED, CORE_EVENT_TYPES, INBOX_DISCARD, LIVE_TYPES
@@ -27,14 +35,6 @@ from machine.io import (
     input_from_json,
 )
 from machine.jsonvalue import thaw
-from machine.scripted import (
-    HOLD,
-    Driver,
-    ScriptedEnvironment,
-    calls_reply,
-    model_failure,
-    text_reply,
-)
 from machine.vocabulary import ErrorInfo, user_message
 
 if TYPE_CHECKING:

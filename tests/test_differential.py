@@ -40,10 +40,11 @@ from hypothesis.stateful import (
 )
 from scenario_helpers import at
 
+from machine.checking.invariants import AgentInvariantError, InvariantMonitor
+from machine.checking.reach import MATRIX_COMMANDS, ROWS, PositionTracker, command_kind
+from machine.checking.search import SEED_EVENTS
 from machine.core import AgentCore, CoreConfig, ToolMode
 from machine.errors import DisposedError, InvariantError, ProtocolError, ValidationError
-from machine.explore import SEED_EVENTS
-from machine.invariants import AgentInvariantError, InvariantMonitor
 from machine.io import (
     Append,
     Cancel,
@@ -63,7 +64,6 @@ from machine.io import (
 )
 from machine.jsonvalue import FrozenDict, JsonLike, thaw
 from machine.log import SessionLog
-from machine.reach import MATRIX_COMMANDS, ROWS, PositionTracker, command_kind
 from machine.vocabulary import FOLLOWUP, INJECT, STEER, ErrorInfo, LlmFailure
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Bounded exhaustive exploration (ASSURANCE §2): every configuration at its CI depth, the
 rule families it must reach, and proof that it can fail.
 
-Each configuration of `machine.explore.CONFIGURATIONS` (a fresh agent; inside a turn; a
+Each configuration of `machine.checking.search.CONFIGURATIONS` (a fresh agent; inside a turn; a
 failed turn's recovery; a parallel pool larger than its limit; a resumed session) is
 explored with the reference model compared at every step. The CI depths are sized for
 about half a minute of CPU in all; the ``deep`` profile (``TURNSTILE_PROFILE=deep`` or
@@ -18,26 +18,16 @@ from typing import Any
 
 import pytest
 
+from machine.checking.invariants import AgentInvariantError, InvariantMonitor, next_status_ok, window_ok
+from machine.checking.key import core_parts, exact_text, implementation_parts, renamed, state_key
+from machine.checking.reach import FAMILIES, ROWS
+from machine.checking.search import CONFIGURATIONS, Explorer, ExploreResult, Node, classic_explorer
 from machine.core import AgentCore, commands
 from machine.core.state import CoreState
 from machine.events import LiveEvent
-from machine.explore import (
-    CONFIGURATIONS,
-    Explorer,
-    ExploreResult,
-    Node,
-    _core_parts,
-    _exact,
-    _renamed,
-    classic_explorer,
-    implementation_parts,
-    state_key,
-)
-from machine.invariants import AgentInvariantError, InvariantMonitor, next_status_ok, window_ok
 from machine.io import Live
 from machine.jsonvalue import FrozenDict, freeze
 from machine.log import SessionLog
-from machine.reach import FAMILIES, ROWS
 
 DEEP = os.environ.get("TURNSTILE_PROFILE") == "deep"
 
@@ -110,7 +100,7 @@ def test_R20_1_the_ci_depths_reach_the_sequences_planted_bugs_hid_in() -> None:
 
 
 def test_R20_1_exhaustive_reaches_every_rule_family() -> None:
-    """Across the configurations, every rule family of `machine.reach.FAMILIES` is exercised
+    """Across the configurations, every rule family of `machine.checking.reach.FAMILIES` is exercised
     (a family no exploration reaches is a family nothing here checks exhaustively)."""
     reached: set[str] = set()
     rows: set[int] = set()
@@ -375,7 +365,7 @@ def test_PROTOCOL_5_1_explore_refuses_numbers_out_of_range(
     """PROTOCOL.md 5.1: a numeric option out of range or not finite is a usage error (exit
     2) naming the option (a regression of issue 14.10: `explore --seconds -5` and
     `--seconds nan` were accepted, exit 0)."""
-    from machine.cli import main
+    from machine.cli.main import main
     assert main(["explore", *argv, "--quiet"]) == 2
     assert problem in capsys.readouterr().err
 
@@ -410,8 +400,8 @@ def _defined_key_text(explorer: Explorer, node: Node) -> tuple[bytes, str]:
             raw_core, raw_other = texts.chain(core.log)[0], texts.chain(other_log)[0]
             same_log = "=core" if raw_other == raw_core else raw_other
         other_parts = (same_log, implementation_parts(other, texts, with_log=False))
-    text = repr((_core_parts(core, texts, with_log=False), other_parts, node.monitor.ledger()))
-    return log_digest, _renamed(text, tokens)
+    text = repr((core_parts(core, texts, with_log=False), other_parts, node.monitor.ledger()))
+    return log_digest, renamed(text, tokens)
 
 
 @pytest.mark.parametrize("name", list(CONFIGURATIONS))
@@ -443,14 +433,14 @@ def test_the_key_tells_apart_json_values_that_compare_equal_in_python() -> None:
     key takes of a frozen value keeps them apart (Python's ``==`` does not)."""
     one, real, true = (freeze({"n": value}) for value in (1, 1.0, True))
     assert one == real == true
-    assert len({_exact(one), _exact(real), _exact(true)}) == 3
-    assert _exact(freeze({"a": 1, "b": 2})) != _exact(freeze({"b": 2, "a": 1}))
+    assert len({exact_text(one), exact_text(real), exact_text(true)}) == 3
+    assert exact_text(freeze({"a": 1, "b": 2})) != exact_text(freeze({"b": 2, "a": 1}))
     message = {"id": "m1", "role": "user", "content": [{"type": "text", "text": "x"}],
                "source": {"kind": "user"}}
     payloads = [freeze({"message": message, "placement": placement})
                 for placement in ("queued", "steering")]
     assert all(isinstance(payload, FrozenDict) for payload in payloads)
-    texts = {_exact(Live(LiveEvent("agent/inbox/enqueue", payload)))  # type: ignore[arg-type]
+    texts = {exact_text(Live(LiveEvent("agent/inbox/enqueue", payload)))  # type: ignore[arg-type]
              for payload in payloads}
     assert len(texts) == 2
 

@@ -8,7 +8,7 @@ keepInbox, append's type, data, ``surface_op`` and ``source_event_seqs``, the va
 completion, the `ErrorInfo` of a raise (built with odd fields, or not an `ErrorInfo` at
 all), effect ids, and `Input` objects whose fields are any of these. Between them, rules
 answer outstanding effects well (`settle` with the defaults of
-`machine.scripted.ScriptedEnvironment`), so that runs finish turns and the hostile inputs
+`machine.checking.scripted.ScriptedEnvironment`), so that runs finish turns and the hostile inputs
 land in every phase of one. The agents:
 
 * **A**, an `AgentCore` that gets every input;
@@ -22,7 +22,7 @@ produce the same outputs, that A and B produce the same outputs (so an input tha
 refused changed nothing, and mutating a value after it was given changed nothing either),
 that A never stops with an internal failure (no hostile input ever reaches the loop
 unchecked: the core is never half-advanced), that the R20.1 ledgers of
-`machine.invariants.InvariantMonitor` balance on A (nothing accepted is ever lost), and at
+`machine.checking.invariants.InvariantMonitor` balance on A (nothing accepted is ever lost), and at
 the end that ``dispose()`` completes.
 
 Values are described by *specs* (small trees) and built by `build`, so that each agent gets
@@ -49,10 +49,11 @@ from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from machine import strategies
+from machine.checking import strategies
+from machine.checking.invariants import InvariantMonitor
+from machine.checking.scripted import ScriptedEnvironment
 from machine.core import AgentCore, CoreConfig
 from machine.errors import InvariantError, ProtocolError, TurnstileError, ValidationError
-from machine.invariants import InvariantMonitor
 from machine.io import (
     Append,
     Cancel,
@@ -68,7 +69,6 @@ from machine.io import (
 )
 from machine.jsonvalue import FrozenList, freeze
 from machine.log import SessionLog
-from machine.scripted import ScriptedEnvironment
 from machine.vocabulary import ErrorInfo, LlmFailure
 
 if TYPE_CHECKING:
@@ -422,7 +422,7 @@ def _lib(value: Any) -> Spec:
 
 @functools.cache
 def error_infos() -> st.SearchStrategy[Spec]:
-    """The error of a raise: well formed (`ERRORS`, `machine.strategies.error_infos`), built
+    """The error of a raise: well formed (`ERRORS`, `machine.checking.strategies.error_infos`), built
     by `ErrorInfo` from odd fields (long, empty, subclassed or non-string text, odd causes,
     a failure that is not an `LlmFailure`), or not an `ErrorInfo` at all (a dict of those
     fields when the constructor refuses them, an exception, any value)."""
@@ -450,7 +450,7 @@ CAUSE_LITERALS = ['{"kind": "user"}', '{"kind": "parent"}', '{"kind": "disposed"
 @functools.cache
 def causes() -> st.SearchStrategy[Spec]:
     """A cancel's cause: well formed (JSON, or `CancelCause` values from
-    `machine.strategies.cancel_causes`), a mapping whose kind or extra field is hostile (a
+    `machine.checking.strategies.cancel_causes`), a mapping whose kind or extra field is hostile (a
     `SneakyDict` too), or any value."""
     kinds = st.one_of(st.sampled_from(["user", "parent", "disposed", "x-ext", ""]).map(_scalar),
                       values(0))
@@ -471,7 +471,7 @@ TARGETS = ["next-turn", "next-step", "later"]
 @functools.cache
 def send_options() -> st.SearchStrategy[Spec]:
     """send's options: well formed (JSON, or `SendOptions` values from
-    `machine.strategies.send_options`), with a hostile target or wakeup, a field missing or
+    `machine.checking.strategies.send_options`), with a hostile target or wakeup, a field missing or
     one too many, a `SneakyDict`, or any value."""
     targets = st.one_of(st.sampled_from(TARGETS).map(_scalar),
                         st.sampled_from(["now", "", "Next-Turn"]).map(_scalar), values(0))

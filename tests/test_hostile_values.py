@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from scenario_helpers import Scenario, arr, at, obj
 
+from machine.checking.scripted import Driver, ScriptedEnvironment
 from machine.core import AgentCore
 from machine.errors import InvariantError, NotJsonCompatibleError, ValidationError
 from machine.events import Event
@@ -34,7 +35,6 @@ from machine.jsonvalue import (
     thaw,
 )
 from machine.log import SessionLog
-from machine.scripted import Driver, ScriptedEnvironment
 from machine.vocabulary import ErrorInfo, LlmFailure, Message, register_block_type
 from model import ModelAgent
 
@@ -315,7 +315,7 @@ def test_V6_P6_a_tool_result_reused_and_mutated_after_resolve() -> None:
         result["isError"] = True
         return ("resolve", thaw(e.payload["result"]))
 
-    from machine.scripted import calls_reply
+    from machine.checking.scripted import calls_reply
     s = Scenario(calls_reply(("c1", "t")), "done")
     s.handle("tool-execute", execute)
     s.handle("tool-finalize", finalize)

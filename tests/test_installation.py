@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from machine import __version__, specfiles
-from machine.cli import main
-from machine.explore import CONFIGURATIONS
+from machine.checking.search import CONFIGURATIONS
+from machine.cli.main import main
 from machine.runtime import demo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,7 +75,7 @@ def test_python_dash_m_machine_is_the_command_line(tmp_path: Path) -> None:
         0, f"turnstile {__version__} (distribution turnstile-agent)\n")
 
 
-@pytest.mark.parametrize("module", ["machine.testing", "machine.strategies"])
+@pytest.mark.parametrize("module", ["machine.checking.testing", "machine.checking.strategies"])
 def test_without_hypothesis_the_testing_modules_name_the_extra(module: str) -> None:
     code = ("import sys; sys.modules['hypothesis'] = None\n"   # as if it were not installed
             f"import {module}")

@@ -6,7 +6,7 @@ was left running with a ``turn/start`` and no end, the message was nowhere, and
 test_hostile_values.py); these tests inject failures into the loop itself, at every append
 of a rich session, and check that the core either fails the turn in order or stops
 cleanly: no exception escapes, no turn stays open after a single fault, nothing accepted is
-lost (the R20.1 ledgers of `machine.invariants`), and ``dispose()`` always completes. The
+lost (the R20.1 ledgers of `machine.checking.invariants`), and ``dispose()`` always completes. The
 reference model is driven the same way and must produce the same outputs.
 """
 
@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from scenario_helpers import Scenario, at
 
+from machine.checking.invariants import InvariantMonitor
 from machine.core import AgentCore, CoreConfig, state_of
 from machine.errors import CoreFailedError, InvariantError, ProtocolError, TurnstileError
 from machine.events import SESSION_DISPOSED
-from machine.invariants import InvariantMonitor
 from machine.io import Durable, Effect, Live, Output
 from machine.jsonvalue import thaw
 from machine.log import SessionLog

@@ -14,11 +14,11 @@ import pytest
 from scenario_helpers import plant_phase
 
 from machine import events as ev
+from machine.checking.invariants import AgentInvariantError, InvariantMonitor, conservation_problem
 from machine.core import AgentCore, CoreConfig, admission, commands
 from machine.core.loop import Action, ClaimFrame, goto
 from machine.core.state import CoreState
 from machine.events import Event, LiveEvent
-from machine.invariants import AgentInvariantError, InvariantMonitor, conservation_problem
 from machine.io import Cancel, Durable, Effect, Input, Live, Output, Resolve, Send
 from machine.jsonvalue import FrozenDict, FrozenList, freeze
 from machine.vocabulary import FOLLOWUP, INJECT, user_message
@@ -368,7 +368,7 @@ def test_R20_5_the_monitor_checks_every_continuation_and_model_request() -> None
     built by both adapters and checked; the plan answers the call and sends the steer after
     it (specs/providers.md W2.2, W2.3), so nothing is refused; every model request is
     checked with its own header and history."""
-    from machine.scripted import Driver, ScriptedEnvironment, calls_reply, text_reply
+    from machine.checking.scripted import Driver, ScriptedEnvironment, calls_reply, text_reply
     monitor = _planted_core_steering_inside_the_batch(lambda core: InvariantMonitor(core, core))
     assert monitor.requests is not None and monitor.requests.checked == 3
     fresh = AgentCore(CONFIG)

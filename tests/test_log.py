@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scenario_helpers import obj
 
+from machine.checking.strategies import json_objects
 from machine.errors import InvariantError, ValidationError
 from machine.events import Event
 from machine.jsonvalue import FrozenDict, FrozenList, JsonLike, freeze, same_json
 from machine.log import SessionLog, Violation, derive_history, shares_items, validate_events
-from machine.strategies import json_objects
 from machine.vocabulary import Message, tool_result_block, user_message
 
 # --------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from machine.cli import main
+from machine.cli.main import main
 from machine.events import Event
 from machine.store.jsonl import JsonlStore
 

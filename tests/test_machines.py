@@ -24,7 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transitions.core import MachineError
 
-from machine import cli, diagrams
+from machine.cli import diagrams
+from machine.cli import main as cli
 from machine.machines import Inbox, Lifecycle, Outbox, Window, inbox, lifecycle, outbox, table, window
 from machine.machines.table import Row, Table, TransitionError, compile_table, declared_machine, step
 from machine.vocabulary import Message, user_message
@@ -437,7 +438,7 @@ def test_R11_1_outbox_state_and_order_match_a_plain_list(ops: list[str]) -> None
 
 
 # --------------------------------------------------------------------------
-# Diagrams (machine/diagrams.py, specs/machines/)
+# Diagrams (machine/cli/diagrams.py, specs/machines/)
 # --------------------------------------------------------------------------
 
 SPEC_MACHINES = Path(__file__).resolve().parent.parent / "specs" / "machines"

@@ -91,7 +91,7 @@ def test_the_model_imports_nothing_of_the_machine_s_core() -> None:
              if isinstance(node, ast.ImportFrom) and (module := node.module)
              for alias in node.names}
     allowed = {"machine", "machine.events", "machine.io", "machine.jsonvalue", "machine.log",
-               "machine.vocabulary", "machine.errors", "machine.explore"}
+               "machine.vocabulary", "machine.errors", "machine.checking.search"}
     machine = {m for m in imported if m and m.startswith("machine")}
     assert machine <= allowed, machine - allowed
     assert not any(name.startswith(("machine.core", "machine.decisions")) for name in names)

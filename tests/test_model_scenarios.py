@@ -1,6 +1,6 @@
 """Reference scenarios run against the reference model alone (model/, scenarios.md).
 
-The model is driven by `machine.scripted.Driver`, which is typed for `AgentCore`;
+The model is driven by `machine.checking.scripted.Driver`, which is typed for `AgentCore`;
 `ModelAgent` has the same interface, so it is passed through a cast.
 """
 
@@ -12,11 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 from scenario_helpers import at, obj
 
-from machine.core import AgentCore, CoreConfig
-from machine.errors import DisposedError, ProtocolError, ValidationError
-from machine.io import Durable, Effect, Live
-from machine.jsonvalue import FrozenDict, thaw
-from machine.scripted import (
+from machine.checking.scripted import (
     HOLD,
     Driver,
     ScriptedEnvironment,
@@ -25,6 +21,10 @@ from machine.scripted import (
     ok_result,
     text_reply,
 )
+from machine.core import AgentCore, CoreConfig
+from machine.errors import DisposedError, ProtocolError, ValidationError
+from machine.io import Durable, Effect, Live
+from machine.jsonvalue import FrozenDict, thaw
 from machine.vocabulary import ErrorInfo, user_message
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ One test, in steps (each asserts what a new user would see):
    shipped corpus), ``check --port "turnstile adapter" --tag scenario --json``, ``demo``,
    ``explore --model``, ``log validate`` of a shipped example, ``python -m
    machine.conformance.corpus --check`` (the corpus's authoring code rebuilds the shipped
-   corpus); ``machine.testing`` names its missing extra;
+   corpus); ``machine.checking.testing`` names its missing extra;
 4. with the ``testing``, ``typed``, ``mcp`` and ``tracing`` extras and the OpenTelemetry
    SDK added, every python block of the README runs there.
 
@@ -151,7 +151,7 @@ def test_the_wheel_installs_alone_and_works_from_an_empty_directory(tmp_path: Pa
                         "multi-turn-with-injection.jsonl")
     assert ": OK (37 events, 2 turns)" in _run([turnstile, "log", "validate", str(next(example))],
                                                cwd=empty, env=env)
-    no_extra = subprocess.run([python, "-c", "import machine.testing"], cwd=empty, env=env,
+    no_extra = subprocess.run([python, "-c", "import machine.checking.testing"], cwd=empty, env=env,
                               capture_output=True, text=True, timeout=120)
     assert no_extra.returncode == 1
     assert "pip install 'turnstile-agent[testing]'" in no_extra.stderr

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from machine import FrozenDict, FrozenList, freeze, json_default, thaw
+from machine.checking.testing import Interleaving, interleavings
 from machine.errors import ValidationError
 from machine.events import SURFACE_TYPES, Event, LiveEvent
 from machine.io import Durable, Live, Output
@@ -43,7 +44,6 @@ from machine.runtime import (
     calls_reply,
     text_reply,
 )
-from machine.testing import Interleaving, interleavings
 from machine.vocabulary import Message, plugin_source, user_message
 
 

@@ -15,11 +15,12 @@ from typing import Any, cast
 import pytest
 from scenario_helpers import Scenario, assert_failed_step, at, both, core_on, msg, obj, scenario
 
-from machine.core import NO_ROUTE_MESSAGE, AgentCore, CoreConfig, state_of
+from machine.checking.scripted import Driver, ScriptedEnvironment, calls_reply, model_failure, ok_result
+from machine.core import AgentCore, CoreConfig, state_of
+from machine.core.records import NO_ROUTE_MESSAGE
 from machine.errors import ProtocolError, ValidationError
 from machine.io import Append, Control, Durable, Effect, Live, Observer, Output, input_from_json
 from machine.jsonvalue import FrozenDict, JsonLike, thaw
-from machine.scripted import Driver, ScriptedEnvironment, calls_reply, model_failure, ok_result
 from machine.vocabulary import ErrorInfo, minted_id
 
 CONFIG = {"provider": "p", "model": "m"}

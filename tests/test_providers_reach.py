@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
+from machine.checking.search import CONFIGURATIONS
 from machine.conformance.checker import run_all
 from machine.conformance.subjects import LocalSubject
 from machine.conformance.vectors import Vector, find_vectors, load_vector
 from machine.events import Event
-from machine.explore import CONFIGURATIONS
 from machine.io import Durable, Effect, Output
 from machine.jsonvalue import FrozenDict
 from machine.log import SessionLog

@@ -1,4 +1,4 @@
-"""The meters of `machine.reach`: the R19 row of each position, and the rule families a run
+"""The meters of `machine.checking.reach`: the R19 row of each position, and the rule families a run
 exercises. The differential test and the explorer count their reach with them, so a meter
 that misnames a position would make their coverage claims wrong: each is pinned here on
 runs whose rows are known from the matrix (R19) itself.
@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from machine.checking.reach import FAMILIES, FamilyTracker, PositionTracker, command_kind
+from machine.checking.scripted import Driver, ScriptedEnvironment, calls_reply, model_failure, ok_result
 from machine.core import AgentCore, CoreConfig
 from machine.io import Cancel, Control, Durable, Effect, Live, Output, Send
-from machine.reach import FAMILIES, FamilyTracker, PositionTracker, command_kind
-from machine.scripted import Driver, ScriptedEnvironment, calls_reply, model_failure, ok_result
 from machine.vocabulary import INJECT, STEER
 
 
@@ -180,7 +180,7 @@ def _families_of(configuration: str, *path: tuple[str, ...]) -> set[str]:
     """The families the explorer's *path* in *configuration* (after its prefix) exercised,
     each decision taken once every output before it has been pulled, and every output
     after the last one pulled."""
-    from machine.explore import CONFIGURATIONS
+    from machine.checking.search import CONFIGURATIONS
     explorer = CONFIGURATIONS[configuration].explorer(with_model=False)
     node = explorer.replay(explorer.prefix)
     for action in (*path, None):

@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 import pytest
 from scenario_helpers import L, Scenario, at, integer, msg, result_with_contexts
 
+from machine.checking.scripted import calls_reply, model_failure, ok_result, text_reply
 from machine.errors import DisposedError
 from machine.io import Control, Effect, Output
 from machine.jsonvalue import JsonLike
-from machine.scripted import calls_reply, model_failure, ok_result, text_reply
 
 COMMANDS = ("steer", "inject", "followup", "cancel", "dispose")
 

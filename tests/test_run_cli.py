@@ -1,4 +1,4 @@
-"""``turnstile run SCRIPT.json`` (machine/runner.py, specs/scripts.md).
+"""``turnstile run SCRIPT.json`` (machine/cli/runner.py, specs/scripts.md).
 
 A golden run of the checked-in example, the observer-position semantics of
 ``when`` (a pattern, ``"here"``, absent) and of effect selectors, and every
@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from machine import cli, runner
-from machine.cli import main
+from machine.cli import main as cli
+from machine.cli import runner
+from machine.cli.main import main
+from machine.cli.runner import HERE, ScriptError, matches, parse_script, run_script
 from machine.events import Event
 from machine.log import validate_events
-from machine.runner import HERE, ScriptError, matches, parse_script, run_script
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "specs" / "examples"
 SCRIPTS = sorted(EXAMPLES.glob("*.json"))

@@ -25,7 +25,7 @@ from pathlib import Path
 import pyte
 import pytest
 
-from machine.cli import main as cli_main
+from machine.cli.main import main as cli_main
 from machine.log import validate_events
 from machine.runtime.adapters.fake_server import (
     FakeServer,
@@ -68,7 +68,7 @@ class Terminal:
         self.master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "machine.cli", "chat", *args], stdin=slave, stdout=slave,
+            [sys.executable, "-m", "machine.cli.main", "chat", *args], stdin=slave, stdout=slave,
             stderr=slave, cwd=ROOT, env=_environment(), start_new_session=True, close_fds=True,
             preexec_fn=_controlling_terminal)
         os.close(slave)
@@ -291,7 +291,7 @@ def test_RT20_retries_are_shown_and_a_failed_session_exits_1() -> None:
 def _chat_once(base_url: str, *args: str, lines: str | bytes
                ) -> subprocess.CompletedProcess[str]:
     data = lines.encode() if isinstance(lines, str) else lines
-    result = subprocess.run([sys.executable, "-m", "machine.cli", "chat", "--base-url", base_url,
+    result = subprocess.run([sys.executable, "-m", "machine.cli.main", "chat", "--base-url", base_url,
                              "--model", "fake-model", *args], input=data, capture_output=True,
                             cwd=ROOT, env=_environment(), timeout=WAIT, check=False)
     return subprocess.CompletedProcess(result.args, result.returncode,

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from machine import terminal
-from machine.cli import main
+from machine.cli import terminal
+from machine.cli.main import main
+from machine.cli.terminal import EXIT_SIGPIPE, progress_bar
 from machine.conformance.vectors import dump_vector
 from machine.store import JsonlStore
 from machine.store.testing import sample_session, store_events
-from machine.terminal import EXIT_SIGPIPE, progress_bar
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "specs" / "examples"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from machine.cli import main
+from machine.cli.main import main
 from machine.runtime.demo import _Said, chat_refusal, run_demo
 
 SCENES = ("1. The user types while a tool runs", "2. Messages that arrive as a turn ends",

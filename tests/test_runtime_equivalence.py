@@ -26,11 +26,13 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from scenario_helpers import at
 
+from machine.checking.scripted import HOLD, Driver, ScriptedEnvironment, calls_reply, ok_result
+from machine.checking.testing import interleavings
+from machine.cli.runner import load_script, parse_script
 from machine.conformance.vectors import find_vectors
 from machine.core import AgentCore, CoreConfig, ToolMode
 from machine.io import Output
 from machine.jsonvalue import thaw
-from machine.runner import load_script, parse_script
 from machine.runtime import (
     Agent,
     Hang,
@@ -45,8 +47,6 @@ from machine.runtime import (
 )
 from machine.runtime.replay import check_vector, replay_script
 from machine.runtime.signal import AbortError
-from machine.scripted import HOLD, Driver, ScriptedEnvironment, calls_reply, ok_result
-from machine.testing import interleavings
 from machine.vocabulary import CancelCause, ErrorInfo
 
 ROOT = Path(__file__).resolve().parents[1]

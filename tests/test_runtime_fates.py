@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from machine.checking.scripted import Driver, ScriptedEnvironment
 from machine.core import AgentCore
 from machine.events import Event
 from machine.runtime import (
@@ -30,7 +31,6 @@ from machine.runtime import (
 )
 from machine.runtime.fates import FateLedger
 from machine.runtime.hooks import Next
-from machine.scripted import Driver, ScriptedEnvironment
 from machine.vocabulary import FOLLOWUP, PromptDecision
 
 

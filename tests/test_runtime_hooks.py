@@ -16,7 +16,6 @@ from machine.runtime import (
     Agent,
     Allow,
     Block,
-    CancelCause,
     Hooks,
     ModelCall,
     ModelFailure,
@@ -38,6 +37,7 @@ from machine.runtime import (
     text_reply,
 )
 from machine.runtime.hooks import JsonValue
+from machine.vocabulary import CancelCause
 
 
 def run(main: Callable[[], Awaitable[None]]) -> None:

@@ -16,7 +16,6 @@ from machine.events import Event
 from machine.io import Control, Durable, Live, Output
 from machine.runtime import (
     Agent,
-    CancelCause,
     Hang,
     ScriptedModel,
     Signal,
@@ -25,6 +24,7 @@ from machine.runtime import (
     text_reply,
 )
 from machine.runtime.tools import Tool, ToolCall
+from machine.vocabulary import CancelCause
 
 
 def run(main: Callable[[], Awaitable[None]]) -> None:

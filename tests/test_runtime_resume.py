@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -177,23 +176,16 @@ def test_RT12_a_raising_sync_flush_is_reported_like_an_async_one(
     assert events[-1].type == "turn/end"
 
 
-def test_RT12_the_old_store_names_still_work_with_a_deprecation_warning() -> None:
+def test_RT12_the_old_store_names_are_gone() -> None:
+    """The sink's names from before it was a sink (``SessionStore``, ``InMemorySessionStore``,
+    ``Agent(store=)``, ``Agent.store``) were removed before the first release (issue 32):
+    each fails as an unknown name does."""
     import machine.runtime as runtime
-    with pytest.warns(DeprecationWarning, match="SessionSink"):
-        assert runtime.SessionStore is SessionSink
-    with pytest.warns(DeprecationWarning, match="InMemorySink"):
-        assert runtime.InMemorySessionStore is InMemorySink
-    sink = InMemorySink()
-    with pytest.warns(DeprecationWarning, match="sink="):
-        agent = Agent(ScriptedModel(), store=sink)
-    assert agent.sink is sink
-    with pytest.warns(DeprecationWarning, match="Agent.sink"):
-        assert agent.store is sink
-    with pytest.raises(TypeError, match="not both"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        Agent(ScriptedModel(), store=sink, sink=InMemorySink())
-    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
-        runtime.Nope  # noqa: B018
+    for name in ("SessionStore", "InMemorySessionStore"):
+        assert not hasattr(runtime, name)
+    with pytest.raises(TypeError, match="store"):
+        Agent(ScriptedModel(), store=InMemorySink())  # type: ignore[call-arg]
+    assert not hasattr(Agent(ScriptedModel()), "store")
 
 
 def test_RT12_a_persistent_session_releases_only_when_it_owns_the_session(

@@ -7,6 +7,8 @@ import asyncio
 import pytest
 from scenario_helpers import at
 
+from machine.checking.scripted import Driver, model_failure
+from machine.checking.testing import environment
 from machine.core import AgentCore, CoreConfig
 from machine.errors import ValidationError
 from machine.events import Event
@@ -25,8 +27,6 @@ from machine.runtime import (
     retry_request,
     text_reply,
 )
-from machine.scripted import Driver, model_failure
-from machine.testing import environment
 from machine.vocabulary import LlmFailure, user_message
 
 RATE = LlmFailure("slow down", "RATE_LIMITED", 429)

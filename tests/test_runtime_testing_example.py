@@ -1,4 +1,4 @@
-"""machine.testing: property-test handlers, tools and observers against the real core.
+"""machine.checking.testing: property-test handlers, tools and observers against the real core.
 
 The worked example (also in the README): a prompt-submit handler that blocks
 prompts containing 'secret' never makes a blocked prompt leave a trace in the
@@ -15,12 +15,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from machine.core import CoreConfig
-from machine.io import Cancel, Durable, Send
-from machine.jsonvalue import FrozenDict
-from machine.runner import parse_script, run_script
-from machine.runtime import Block, Hooks, Next, PromptDecision, PromptSubmit, Tool, ToolCall, ToolResult
-from machine.testing import (
+from machine.checking.testing import (
     Deliver,
     Interleaving,
     Issue,
@@ -31,6 +26,11 @@ from machine.testing import (
     run_sync,
     user_messages,
 )
+from machine.cli.runner import parse_script, run_script
+from machine.core import CoreConfig
+from machine.io import Cancel, Durable, Send
+from machine.jsonvalue import FrozenDict
+from machine.runtime import Block, Hooks, Next, PromptDecision, PromptSubmit, Tool, ToolCall, ToolResult
 from machine.vocabulary import FOLLOWUP, SendOptions
 
 FAST = settings(max_examples=60, deadline=None, database=None,

@@ -24,10 +24,10 @@ from collections.abc import Callable
 import pytest
 from scenario_helpers import L, Scenario, integer, msg, obj, reply_text, result_with_contexts
 
+from machine.checking.scripted import calls_reply, ok_result
 from machine.errors import ValidationError
 from machine.io import Control, Effect
 from machine.jsonvalue import FrozenDict, JsonLike, thaw
-from machine.scripted import calls_reply, ok_result
 
 
 def _bad_inject_set() -> dict[str, object]:

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
+from machine.checking.invariants import AgentInvariantError, InvariantMonitor
 from machine.conformance.checker import run_vector
 from machine.conformance.subjects import LocalSubject
 from machine.conformance.vectors import find_vectors, load_vector
 from machine.core import AgentCore, state_of
 from machine.core.records import Controller
 from machine.core.state import CoreState
-from machine.invariants import AgentInvariantError, InvariantMonitor
 from machine.io import Effect
 
 CORPUS = Path(__file__).resolve().parent.parent / "specs" / "conformance" / "vectors"

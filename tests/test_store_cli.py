@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from machine.cli import main
+from machine.cli.main import main
 from machine.events import Event
 from machine.store import JsonlStore, SessionInfo, SqliteStore
 from machine.store.testing import sample_session, store_events

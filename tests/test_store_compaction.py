@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from machine import events as ev
+from machine.checking.scripted import Driver, ScriptedEnvironment, text_reply
 from machine.core import AgentCore, CoreConfig
 from machine.errors import ValidationError
 from machine.io import FLUSH, MODEL, STEP_HOOK, Effect
 from machine.log import SessionLog, derive_history, validate_events
-from machine.scripted import Driver, ScriptedEnvironment, text_reply
 from machine.store import (
     CompactionError,
     JsonlStore,

@@ -331,7 +331,7 @@ def test_S33_S22_log_repair_of_a_held_session_is_refused_and_log_show_reads_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`turnstile log repair` opens the session for writing: refused with the lock's
     message (exit 1), nothing written; `log show` only reads and needs no lock."""
-    from machine.cli import main
+    from machine.cli.main import main
     root = tmp_path / "sessions"
     holder = JsonlStore(root, fsync=False)
     store_events(holder, "s1", OPEN)

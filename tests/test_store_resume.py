@@ -10,12 +10,12 @@ import pytest
 from scenario_helpers import at
 
 from machine import events as ev
+from machine.checking.scripted import HOLD, Driver, ScriptedEnvironment, calls_reply, text_reply
 from machine.core import AgentCore, CoreConfig
 from machine.events import Event
 from machine.io import FLUSH, MODEL, TOOL_EXECUTE
 from machine.jsonvalue import JsonLike
 from machine.log import validate_events
-from machine.scripted import HOLD, Driver, ScriptedEnvironment, calls_reply, text_reply
 from machine.store import (
     JsonlStore,
     LiveTurnOpenError,

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given
 
 from machine import vocabulary
+from machine.checking.strategies import invalid_user_messages, user_messages
 from machine.errors import (
     CodecError,
     DisposedError,
@@ -42,7 +43,6 @@ from machine.jsonvalue import (
 )
 from machine.jsonvalue import snapshot as take_snapshot
 from machine.log import derive_history
-from machine.strategies import invalid_user_messages, user_messages
 from machine.vocabulary import (
     ALLOW,
     DISPOSED_CAUSE,

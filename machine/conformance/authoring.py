@@ -24,14 +24,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from machine.checking.invariants import AgentInvariantError, InvariantMonitor
+from machine.checking.scripted import HOLD, Driver, ScriptedEnvironment
 from machine.conformance.recorder import RecordingCore
 from machine.conformance.vectors import Vector
 from machine.core import CoreConfig, ToolMode
 from machine.events import Event
-from machine.invariants import AgentInvariantError, InvariantMonitor
 from machine.io import Control, Durable, Effect, Live, Observer, Output
 from machine.jsonvalue import JsonLike, thaw
-from machine.scripted import HOLD, Driver, ScriptedEnvironment
 from machine.vocabulary import (
     ABORTED_BEFORE_DISPATCH_TEXT,
     ABORTED_TEXT,

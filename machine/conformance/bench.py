@@ -23,14 +23,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from machine import argtypes
+from machine.checking.scripted import Driver, ScriptedEnvironment, calls_reply, ok_result, text_reply
+from machine.cli import argtypes
 from machine.conformance.recorder import RecordingCore
 from machine.conformance.trace import trace_lines, verify_trace
 from machine.conformance.vectors import config_from_json
 from machine.core import AgentCore, CoreConfig
 from machine.io import input_from_json
 from machine.log import SessionLog
-from machine.scripted import Driver, ScriptedEnvironment, calls_reply, ok_result, text_reply
 
 __all__ = ["main", "write_trace"]
 

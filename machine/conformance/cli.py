@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-from machine import __version__, argtypes
+from machine import __version__
+from machine.cli import argtypes
+from machine.cli.junit import CaseStatus, JunitCase, write_junit
+from machine.cli.terminal import STDIN, check_stdin_once, progress_bar
 from machine.conformance import adapter as adapter_module
 from machine.conformance.checker import (
     STATUSES,
@@ -52,7 +55,6 @@ from machine.conformance.vectors import (
     load_vector,
     parse_vector,
 )
-from machine.junit import CaseStatus, JunitCase, write_junit
 from machine.specfiles import (
     CHECKOUT_SPECS,
     SHIPPED_SPECS,
@@ -61,7 +63,6 @@ from machine.specfiles import (
     corpus_info,
     vectors_dir,
 )
-from machine.terminal import STDIN, check_stdin_once, progress_bar
 
 __all__ = ["CheckOptions", "configure_adapter", "configure_check", "configure_record",
            "configure_verify_trace", "run_adapter", "run_check", "run_record", "run_verify_trace"]

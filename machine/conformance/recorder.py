@@ -3,7 +3,7 @@
 `RecordingCore` is an `AgentCore` that logs every input call (commands made
 by a test script or by observers, completions made by a driver) and every
 pulled output, in order, as vector steps. Run a scenario with the scripted
-`machine.scripted.Driver` over a `RecordingCore` and the recorded steps are
+`machine.checking.scripted.Driver` over a `RecordingCore` and the recorded steps are
 exactly what the driver saw, observer positions included (rule P2).
 
 `record_draft` turns a *draft* (a vector whose outputs are left out and
@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from machine.cli.terminal import read_text, shown
 from machine.conformance import jsoncmp
 from machine.conformance.jsonpos import line_of
 from machine.conformance.subjects import fake_clock, raise_kind
@@ -48,7 +49,6 @@ from machine.events import Event
 from machine.io import Durable, Input, Output, input_from_json
 from machine.jsonvalue import FrozenDict, FrozenList, JsonLike, thaw
 from machine.log import SessionLog
-from machine.terminal import read_text, shown
 
 __all__ = ["RecordingCore", "RecordingError", "config_to_json", "plain", "record_draft"]
 

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+from machine.cli.terminal import read_text, shown
 from machine.conformance.checker import Outcome
 from machine.conformance.vectors import ID_PATTERN, Vector
 from machine.errors import TurnstileError
-from machine.terminal import read_text, shown
 
 __all__ = ["KnownFailure", "KnownFailures", "KnownFailuresError", "Selection", "apply_known",
            "known_failures_text", "load_known_failures", "patterns"]

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TextIO, cast
 
+from machine.cli.terminal import STDIN, progress_bar, read_text, shown
 from machine.conformance import jsoncmp
 from machine.conformance.jsoncmp import same_frozen
 from machine.conformance.subjects import fake_clock, raise_kind
@@ -53,7 +54,6 @@ from machine.errors import TurnstileError, ValidationError
 from machine.io import Durable, Effect, Live, input_from_json
 from machine.jsonvalue import Frozen, FrozenDict, compact_json
 from machine.log import SessionLog
-from machine.terminal import STDIN, progress_bar, read_text, shown
 
 __all__ = ["TRACE_VERSION", "TraceDivergence", "TraceReport", "trace_lines", "verify_trace"]
 
@@ -123,7 +123,7 @@ class TraceReport:
 
 class _Progress:
     """The progress display of one trace (characters read of the file's size), on *stream*
-    (`machine.terminal.progress_bar`: a bar on a terminal)."""
+    (`machine.cli.terminal.progress_bar`: a bar on a terminal)."""
 
     def __init__(self, stream: TextIO, path: str, size: int) -> None:
         self.bar = progress_bar(f"{path}:", max(size, 1), stream=stream, enabled=True)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from machine.cli.terminal import STDIN, read_text, shown
 from machine.conformance import jsoncmp
 from machine.conformance.jsonpos import line_of
 from machine.core import CoreConfig
@@ -31,7 +32,6 @@ from machine.errors import InvariantError, ValidationError
 from machine.events import Event
 from machine.io import EFFECT_KINDS
 from machine.log import SessionLog
-from machine.terminal import STDIN, read_text, shown
 
 __all__ = [
     "CONFIG_FIELDS", "INPUT_FIELDS", "OUTPUT_KINDS", "RAISE_KINDS", "VERSION", "MalformedError",

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from machine.conformance.jsoncmp import Path
-from machine.core import NO_ROUTE_MESSAGE
+from machine.core.records import NO_ROUTE_MESSAGE
 
 __all__ = ["INVALID_DECISION_PREFIX", "LOG_REFUSAL_CODES", "SYNTHESISED_CODES", "loose_fields"]
 

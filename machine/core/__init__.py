@@ -40,7 +40,6 @@ from typing import Literal
 from machine import events as ev
 from machine.core import admission, commands, drains, failures, loop, run, step, tools
 from machine.core.config import CoreConfig, ToolMode
-from machine.core.records import NO_ROUTE_MESSAGE
 from machine.core.snapshot import duplicate_state, log_parts, state_parts
 from machine.core.state import CoreState
 from machine.errors import NotPicklableError, ProtocolError
@@ -63,7 +62,7 @@ from machine.jsonvalue import JsonLike, shown
 from machine.log import LogMark, SessionLog
 from machine.vocabulary import FOLLOWUP, INJECT, STEER, CancelCause, ErrorInfo
 
-__all__ = ["NO_ROUTE_MESSAGE", "AgentCore", "CoreConfig", "CoreSnapshot", "ToolMode"]
+__all__ = ["AgentCore", "CoreConfig", "CoreSnapshot", "ToolMode"]
 
 # Every phase of the loop is bound once its module is imported (above): check them against
 # the declared graph now, so that a phase without a declaration fails at import.

@@ -23,7 +23,7 @@ with a ``handler`` armed (R8.6), which goes to that phase.
 Checking the graph (R4.13): `check_phase_changes` makes every phase change of every frame
 in this process go through a check against the declaration, and the loop then checks
 each start, wait and end; what breaks the graph is kept in `violations`, which the
-invariant monitor (`machine.invariants.InvariantMonitor`) reports. Until it is asked for,
+invariant monitor (`machine.checking.invariants.InvariantMonitor`) reports. Until it is asked for,
 a phase change is a plain slot write and the check costs nothing.
 
 ``turnstile diagrams`` draws the graph (`to_dot`) and writes its table (`table_markdown`)

@@ -17,10 +17,7 @@ structured output need ``[typed]`` (pydantic).
 
 from __future__ import annotations
 
-import warnings
-
 from machine.runtime.agent import (
-    ALL_EVENTS,
     Agent,
     DurableEventType,
     LiveEventType,
@@ -29,7 +26,7 @@ from machine.runtime.agent import (
 )
 from machine.runtime.approvals import Approval, ApprovalError
 from machine.runtime.control import LimitExceededError, Limits, OutputInvalidError
-from machine.runtime.failures import AgentTimeoutError, ModelFailure, RaisedError, error_info
+from machine.runtime.failures import AgentTimeoutError, ModelFailure, RaisedError
 from machine.runtime.fates import FateKind, MessageFate, Rejection, Route
 from machine.runtime.hooks import (
     Hooks,
@@ -41,7 +38,6 @@ from machine.runtime.hooks import (
     Serial,
     StepContext,
     TurnStopping,
-    Unsubscribe,
     Waterfall,
 )
 from machine.runtime.model import (
@@ -51,20 +47,16 @@ from machine.runtime.model import (
     ModelCall,
     Reply,
     RequestDraft,
-    RequestPreparer,
     ScriptedModel,
     StructuredOutput,
     calls_reply,
-    default_header,
     text_reply,
 )
 from machine.runtime.retry import (
     RETRY,
-    RETRYABLE_CODES,
     RetryAction,
     RetryPolicy,
     retry_request,
-    sleep_unless_aborted,
 )
 from machine.runtime.run import (
     NoOutputError,
@@ -83,29 +75,20 @@ from machine.runtime.tools import (
     Tool,
     ToolArgumentError,
     ToolCall,
-    ToolMode,
     ToolOutput,
     ToolRegistry,
     tool,
 )
 from machine.vocabulary import (
-    ALLOW,
     Allow,
     Block,
-    CancelCause,
-    ErrorInfo,
-    LlmFailure,
-    Message,
     PromptDecision,
     ToolResult,
     user_message,
 )
 
 __all__ = [
-    "ALLOW",
-    "ALL_EVENTS",
     "RETRY",
-    "RETRYABLE_CODES",
     "AbortError",
     "Agent",
     "AgentTimeoutError",
@@ -114,10 +97,8 @@ __all__ = [
     "ApprovalError",
     "ApprovalPolicy",
     "Block",
-    "CancelCause",
     "Chunk",
     "DurableEventType",
-    "ErrorInfo",
     "FateKind",
     "Hang",
     "Hooks",
@@ -126,8 +107,6 @@ __all__ = [
     "LimitExceededError",
     "Limits",
     "LiveEventType",
-    "LlmFailure",
-    "Message",
     "MessageFate",
     "MessageLike",
     "ModelAdapter",
@@ -147,7 +126,6 @@ __all__ = [
     "RequestContext",
     "RequestDraft",
     "RequestErrorContext",
-    "RequestPreparer",
     "RetryAction",
     "RetryPolicy",
     "Route",
@@ -165,34 +143,15 @@ __all__ = [
     "Tool",
     "ToolArgumentError",
     "ToolCall",
-    "ToolMode",
     "ToolOutput",
     "ToolRegistry",
     "ToolResult",
     "TurnStopping",
-    "Unsubscribe",
     "Usage",
     "Waterfall",
     "calls_reply",
-    "default_header",
-    "error_info",
     "retry_request",
-    "sleep_unless_aborted",
     "text_reply",
     "tool",
     "user_message",
 ]
-
-#: Names kept for one release: the runtime's sink used to be called a store, which clashed
-#: with `machine.store.SessionStore` (a store of many sessions).
-_DEPRECATED = {"SessionStore": ("SessionSink", SessionSink),
-               "InMemorySessionStore": ("InMemorySink", InMemorySink)}
-
-
-def __getattr__(name: str) -> object:
-    if name in _DEPRECATED:
-        new, value = _DEPRECATED[name]
-        warnings.warn(f"machine.runtime.{name} is deprecated: use machine.runtime.{new}",
-                      DeprecationWarning, stacklevel=2)
-        return value
-    raise AttributeError(f"module 'machine.runtime' has no attribute {name!r}")

@@ -30,7 +30,6 @@ import functools
 import json
 import logging
 import math
-import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -187,8 +186,7 @@ class Agent:
 
     ``sink`` is where the session is written (default: `InMemorySink`); `Agent.resume`
     opens an agent on a stored session instead. ``retry_policy`` is handed to request-error
-    handlers (default: the model adapter's ``retry_policy``, else ``RetryPolicy()``). The
-    ``store=`` keyword is a deprecated spelling of ``sink=``.
+    handlers (default: the model adapter's ``retry_policy``, else ``RetryPolicy()``).
     """
 
     def __init__(self, model: ModelAdapter, *, tools: Iterable[Tool] | ToolRegistry = (),
@@ -198,14 +196,7 @@ class Agent:
                  session: SessionLog | None = None,
                  session_start: Literal["startup", "resume"] = "startup", publish: bool = True,
                  clock: Callable[[], float] | None = None,
-                 retry_policy: RetryPolicy | None = None,
-                 store: SessionSink | None = None, limits: Limits | None = None) -> None:
-        if store is not None:
-            warnings.warn("Agent(store=...) is deprecated: pass sink=...", DeprecationWarning,
-                          stacklevel=2)
-            if sink is not None:
-                raise TypeError("Agent() takes sink= or the deprecated store=, not both")
-            sink = store
+                 retry_policy: RetryPolicy | None = None, limits: Limits | None = None) -> None:
         self._model = model
         if limits is not None and not isinstance(limits, Limits):
             raise TypeError(f"limits must be a Limits, not {type(limits).__name__}")
@@ -393,13 +384,6 @@ class Agent:
     @property
     def sink(self) -> SessionSink:
         """Where the session is written (RT12)."""
-        return self._env.sink
-
-    @property
-    def store(self) -> SessionSink:
-        """Deprecated: the session sink (`sink`)."""
-        warnings.warn("Agent.store is deprecated: use Agent.sink", DeprecationWarning,
-                      stacklevel=2)
         return self._env.sink
 
     @property

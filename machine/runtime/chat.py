@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, Final, TextIO, cast
 
+from machine.cli.terminal import is_terminal
 from machine.errors import TurnstileError
 from machine.events import Event, LiveEvent
 from machine.jsonvalue import FrozenDict, FrozenList
@@ -51,7 +52,6 @@ from machine.runtime.retry import RETRY, RetryAction, sleep_unless_aborted
 from machine.runtime.tools import ToolCall, tool
 from machine.store.errors import StoreError
 from machine.store.jsonl import SUFFIX, JsonlStore
-from machine.terminal import is_terminal
 from machine.vocabulary import plugin_source, user_message
 
 __all__ = ["COMMANDS", "TOOLS", "configure", "main", "run_chat"]

@@ -443,8 +443,8 @@ def _corpus(printer: _Printer, specs: Path | None, *, required: bool) -> bool:
 
 
 def _replay_corpus(printer: _Printer, specs: Path | None, *, required: bool) -> bool:
+    from machine.cli.runner import ScriptError, load_script
     from machine.conformance.vectors import MalformedError, find_vectors, load_vector
-    from machine.runner import ScriptError, load_script
     from machine.runtime.replay import check_vector, replay_script
 
     s = printer.style

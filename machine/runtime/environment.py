@@ -19,7 +19,7 @@ the value itself as an `Immediate`:
 
 Either way the result enters the core on the next pass of the event loop
 (RT5); an immediate value only saves the task. The asyncio `Agent` awaits the
-coroutines in tasks; `machine.testing` runs them synchronously against the
+coroutines in tasks; `machine.checking.testing` runs them synchronously against the
 scripted driver (`perform`), so the same handlers can be property-tested
 against the core.
 """

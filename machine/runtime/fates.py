@@ -22,7 +22,7 @@ rejected admission's tick — and says, at any moment, where it stands:
 
 The ledger is sans-I/O (no asyncio): the asyncio `Agent` keeps one, and the hostile-input
 and differential tests run one beside the core and check it against the R20.1 ledger of
-`machine.invariants.InvariantMonitor`.
+`machine.checking.invariants.InvariantMonitor`.
 """
 
 from __future__ import annotations

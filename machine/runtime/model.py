@@ -38,12 +38,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias, runtime_checkable
 
+from machine.checking.scripted import calls_reply, text_reply
 from machine.jsonvalue import Frozen, FrozenDict, FrozenList
 from machine.payloads import header_config, header_tools
 from machine.runtime.failures import RaisedError
 from machine.runtime.hooks import JsonValue
 from machine.runtime.signal import AbortError, Signal
-from machine.scripted import calls_reply, text_reply
 from machine.vocabulary import ErrorInfo, Message
 
 __all__ = ["Chunk", "Hang", "ModelAdapter", "ModelCall", "Reply", "RequestDraft",

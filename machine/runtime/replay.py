@@ -35,6 +35,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, TypeAlias, cast
 
+from machine.cli.runner import HERE, Script, ScriptError, matches, run_script
 from machine.conformance import jsoncmp
 from machine.conformance.subjects import fake_clock, raise_kind
 from machine.conformance.vectors import COMPLETIONS, Vector, config_from_json, seed_events
@@ -64,7 +65,6 @@ from machine.io import (
     input_from_json,
 )
 from machine.log import SessionLog
-from machine.runner import HERE, Script, ScriptError, matches, run_script
 from machine.runtime.agent import Agent
 from machine.runtime.failures import RaisedError
 from machine.runtime.hooks import (

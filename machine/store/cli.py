@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-from machine import argtypes
+from machine.cli import argtypes
+from machine.cli.terminal import STDIN, read_bytes, shown
 from machine.errors import TurnstileError
 from machine.events import Event
 from machine.jsonvalue import FrozenDict, FrozenList
@@ -33,7 +34,6 @@ from machine.store.jsonl import SUFFIX, JsonlStore
 from machine.store.postgres import DEFAULT_SCHEMA, PostgresStore
 from machine.store.sqlite import SqliteStore
 from machine.store.types import Damage, Inspection, SessionInfo
-from machine.terminal import STDIN, read_bytes, shown
 
 __all__ = ["LOG_SUBCOMMANDS", "configure", "describe"]
 

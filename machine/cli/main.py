@@ -9,7 +9,7 @@ command line.
 
 ``turnstile log validate FILE... [--json] [--junit FILE]`` replays session logs
 and JSONL store session files through the session invariants (``specs/log.md``,
-``machine.logfiles``). Exit status: 0 when every file is a valid log, 1 when some
+``machine.cli.logfiles``). Exit status: 0 when every file is a valid log, 1 when some
 file is invalid or malformed, 2 for usage errors and unreadable files (the worst
 status wins).
 
@@ -17,17 +17,17 @@ status wins).
 sessions (``machine.store.cli``, ``specs/persistence.md``).
 
 ``turnstile diagrams [--write DIR | --check DIR]`` prints, writes or checks
-the DOT diagrams and tables of the machines and the loop (``machine.diagrams``):
+the DOT diagrams and tables of the machines and the loop (``machine.cli.diagrams``):
 ``--check`` exits 1 naming every stale file.
 
 ``turnstile explore [--config NAME|all] [--depth N] [--commands …] [--model]``
 explores every decision sequence up to depth N from a configuration
-(``machine.explore.CONFIGURATIONS``), checking the runtime invariants and, with
+(``machine.checking.search.CONFIGURATIONS``), checking the runtime invariants and, with
 ``--model``, identical outputs from the reference model; it reports the rule
 families reached.
 
 ``turnstile run SCRIPT.json [--echo-inputs]`` runs a script of inputs through
-the core and prints every output as one JSON line (``machine.runner``,
+the core and prints every output as one JSON line (``machine.cli.runner``,
 ``specs/scripts.md``); a malformed or refused script exits 2 with a message
 on stderr.
 
@@ -37,7 +37,7 @@ on stderr.
 commands, retries shown, a JSONL session that ``--resume`` continues and shows.
 
 Every command reads standard input for a file named ``-``, ends quietly when the reader
-of its output goes away, and shows progress only on a terminal (``machine.terminal``).
+of its output goes away, and shows progress only on a terminal (``machine.cli.terminal``).
 
 ``turnstile demo [--color | --no-color]`` runs a narrated session through the
 asyncio runtime (``machine.runtime.demo``), prints its log and live events as
@@ -55,12 +55,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, TextIO
 
-from machine import __version__, argtypes, diagrams, runner
+from machine import __version__
+from machine.cli import argtypes, diagrams, runner
+from machine.cli.junit import write_junit
+from machine.cli.logfiles import EXIT_INVALID, EXIT_OK, EXIT_USAGE, junit_case, validate_file
+from machine.cli.terminal import check_stdin_once, progress_bar, quiet_broken_pipe, shown
 from machine.conformance import cli as conformance_cli
-from machine.junit import write_junit
-from machine.logfiles import EXIT_INVALID, EXIT_OK, EXIT_USAGE, junit_case, validate_file
 from machine.store import cli as store_cli
-from machine.terminal import check_stdin_once, progress_bar, quiet_broken_pipe, shown
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
 
@@ -80,7 +81,7 @@ class Command:
 
 
 def _log_validate(args: argparse.Namespace, out: TextIO) -> int:
-    """Verdict lines on *out*, unreadable files on standard error (`machine.logfiles`)."""
+    """Verdict lines on *out*, unreadable files on standard error (`machine.cli.logfiles`)."""
     verdicts = []
     twice = check_stdin_once(args.files)
     if twice is not None:
@@ -226,8 +227,8 @@ def _run_run(args: argparse.Namespace) -> int:
 
 
 def _configure_explore(parser: argparse.ArgumentParser) -> None:
-    from machine.explore import COMMANDS as EXPLORE_COMMANDS
-    from machine.explore import CONFIGURATIONS
+    from machine.checking.alphabet import COMMANDS as EXPLORE_COMMANDS
+    from machine.checking.search import CONFIGURATIONS
     parser.add_argument("--config", default="idle", choices=[*CONFIGURATIONS, "all"],
                         help="where to start: " + "; ".join(
                             f"{c.name}: {c.description}" for c in CONFIGURATIONS.values()))
@@ -249,8 +250,8 @@ def _configure_explore(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_explore(args: argparse.Namespace) -> int:
-    from machine.explore import COMMANDS as EXPLORE_COMMANDS
-    from machine.explore import main_explore
+    from machine.checking.alphabet import COMMANDS as EXPLORE_COMMANDS
+    from machine.cli.explore import main_explore
     names: list[str] | None = None
     if args.commands is not None:
         names = sorted(EXPLORE_COMMANDS) if args.commands == "all" else [

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from machine.checking.invariants import InvariantMonitor
 from machine.core import AgentCore
 from machine.errors import ProtocolError
-from machine.invariants import InvariantMonitor
 from machine.io import (
     FLUSH,
     MODEL,

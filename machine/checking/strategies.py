@@ -19,7 +19,7 @@ try:
     from hypothesis import strategies as st
 except ImportError as missing:  # the library itself never needs Hypothesis
     raise ImportError(
-        "machine.strategies needs Hypothesis, which is an optional dependency: install it with "
+        "machine.checking.strategies needs Hypothesis, which is an optional dependency: install it with "
         "pip install 'turnstile-agent[testing]'", name=missing.name) from missing
 
 from machine.events import (

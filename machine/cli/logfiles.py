@@ -25,14 +25,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from machine.cli.junit import CaseStatus, JunitCase
+from machine.cli.terminal import ProgressBar, read_bytes, shown
 from machine.errors import ValidationError
 from machine.events import TURN_END, TURN_START, Event
-from machine.junit import CaseStatus, JunitCase
 from machine.log import validate_events
 from machine.store.errors import UnsupportedFormatError
 from machine.store.jsonl import parse_jsonl
 from machine.store.repair import analyse
-from machine.terminal import ProgressBar, read_bytes, shown
 
 __all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_USAGE", "LogVerdict", "junit_case", "validate_file"]
 
@@ -90,7 +90,7 @@ def _plural(count: int, word: str) -> str:
 def validate_file(path: str, progress: ProgressBar | None = None) -> LogVerdict:
     """Validate one file (either layout), stopping at its first problem; ``-`` validates
     standard input (named ``<stdin>`` in the verdict). *progress* is told the lines of a
-    session log checked so far (`machine.terminal.progress_bar`)."""
+    session log checked so far (`machine.cli.terminal.progress_bar`)."""
     started = time.perf_counter()
     name = shown(path)
     try:

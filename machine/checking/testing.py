@@ -5,7 +5,7 @@ that a property holds however commands and completions interleave — for
 example that *a prompt my handler blocks never leaves a trace in the log*.
 This module gives you:
 
-* Hypothesis strategies for values (re-exported from `machine.strategies`:
+* Hypothesis strategies for values (re-exported from `machine.checking.strategies`:
   `user_messages`, `sources`, `send_options`, `cancel_causes`, `chunks`,
   `tool_results`, `prompt_decisions`, ...), plus `prompts` (user text
   messages with fresh ids) and `model_replies`;
@@ -23,7 +23,7 @@ synchronous scripted `Driver` and returns the driver (its ``outputs``,
 
     from hypothesis import HealthCheck, given, settings
     from machine.runtime import Block, Hooks
-    from machine.testing import environment, interleavings, message_ids
+    from machine.checking.testing import environment, interleavings, message_ids
 
     @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(interleavings())
@@ -62,9 +62,38 @@ try:
     from hypothesis import strategies as st
 except ImportError as missing:  # the library itself never needs Hypothesis
     raise ImportError(
-        "machine.testing needs Hypothesis, which is an optional dependency: install it with "
+        "machine.checking.testing needs Hypothesis, which is an optional dependency: install it with "
         "pip install 'turnstile-agent[testing]'", name=missing.name) from missing
 
+from machine.checking.scripted import (
+    HOLD,
+    Answer,
+    Driver,
+    Reply,
+    ScriptedEnvironment,
+    _Hold,
+    calls_reply,
+    model_failure,
+    ok_result,
+    text_reply,
+)
+from machine.checking.strategies import (
+    blocks,
+    cancel_causes,
+    chunks,
+    error_infos,
+    events,
+    invalid_user_messages,
+    json_values,
+    live_events,
+    llm_failures,
+    messages,
+    prompt_decisions,
+    send_options,
+    sources,
+    tool_results,
+    user_messages,
+)
 from machine.core import AgentCore, CoreConfig
 from machine.errors import TurnstileError
 from machine.events import Event
@@ -100,35 +129,6 @@ from machine.runtime.retry import RetryPolicy
 from machine.runtime.signal import Signal
 from machine.runtime.sink import InMemorySink, SessionSink
 from machine.runtime.tools import Tool, ToolRegistry
-from machine.scripted import (
-    HOLD,
-    Answer,
-    Driver,
-    Reply,
-    ScriptedEnvironment,
-    _Hold,
-    calls_reply,
-    model_failure,
-    ok_result,
-    text_reply,
-)
-from machine.strategies import (
-    blocks,
-    cancel_causes,
-    chunks,
-    error_infos,
-    events,
-    invalid_user_messages,
-    json_values,
-    live_events,
-    llm_failures,
-    messages,
-    prompt_decisions,
-    send_options,
-    sources,
-    tool_results,
-    user_messages,
-)
 from machine.vocabulary import CancelCause, ErrorInfo, SendOptions
 
 __all__ = [
@@ -158,10 +158,10 @@ def run_sync(awaitable: Awaitable[T]) -> T:
             return stop.value  # type: ignore[no-any-return]
         if yielded is not None:
             steps.close()
-            raise RuntimeError("a handler run by machine.testing waited for a future; handlers "
+            raise RuntimeError("a handler run by machine.checking.testing waited for a future; handlers "
                                "must complete without waiting (use the asyncio Agent instead)")
     steps.close()
-    raise RuntimeError("a handler run by machine.testing did not complete")
+    raise RuntimeError("a handler run by machine.checking.testing did not complete")
 
 
 class HooksEnvironment(ScriptedEnvironment):
