@@ -477,9 +477,10 @@ def plant_phase(monkeypatch: pytest.MonkeyPatch, module: ModuleType, name: str,
     """Plant a bug in a phase of the core's loop: *planted* replaces the function *name* of
     *module* (bound to a phase of `machine.core.loop`), in the module and in the declared
     graph's binding, so that the graph's check (R4.13) takes it as that phase; undone with
-    *monkeypatch*."""
+    *monkeypatch*. Several plants in one test compose."""
     from machine.core import loop
     original = getattr(module, name)
     kind, phase_name = next(key for key, function in loop._bound.items() if function is original)
     monkeypatch.setattr(module, name, planted)
+    monkeypatch.setitem(loop._bound, (kind, phase_name), planted)   # so that plants compose
     monkeypatch.setattr(loop, "_graphs", loop.rebound(kind, phase_name, planted))

@@ -15,11 +15,13 @@ from scenario_helpers import plant_phase
 
 from machine import events as ev
 from machine.checking.invariants import AgentInvariantError, InvariantMonitor, conservation_problem
-from machine.core import AgentCore, CoreConfig, admission, commands
+from machine.checking.search import CONFIGURATIONS
+from machine.core import AgentCore, CoreConfig, admission, commands, drains, tools
 from machine.core.loop import Action, ClaimFrame, goto
+from machine.core.records import frozen_message
 from machine.core.state import CoreState
 from machine.events import Event, LiveEvent
-from machine.io import Cancel, Durable, Effect, Input, Live, Output, Resolve, Send
+from machine.io import Append, Cancel, Durable, Effect, Input, Live, Output, Resolve, Send
 from machine.jsonvalue import FrozenDict, FrozenList, freeze
 from machine.vocabulary import FOLLOWUP, INJECT, user_message
 
@@ -321,6 +323,106 @@ def test_R20_1e_monitor_reports_an_open_window_while_idle_under_R20_1e() -> None
     error = _monitor_error(monitor.poll)
     assert error.rule == "R20.1e"
     assert str(error) == "[R20.1e] accepts_next_step is true while idle"
+
+
+def _execute(effect: int) -> Effect:
+    return Effect(effect, "tool-execute", freeze({"call": {"id": f"c{effect}"}}))  # type: ignore[arg-type]
+
+
+class _Pool(_Agent):
+    """An agent whose tool-execute effects the test says are outstanding."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__("running")
+        self.config = CoreConfig(request_options={"provider": "p", "model": "m"},
+                                 max_parallel_tool_calls=limit)
+        self.outstanding_effects: tuple[int, ...] = ()
+
+
+def test_R20_1g_monitor_counts_the_calls_in_flight_against_the_pool_limit() -> None:
+    """R20.1g (R10.2, P11): a completed call leaves the count; one over the limit is named
+    with the effects in flight."""
+    agent = _Pool(limit=2)
+    monitor = InvariantMonitor(agent, _Boxes())
+    for effect, outstanding in ((3, (3,)), (4, (3, 4)), (5, (4, 5))):   # 3 completed first
+        agent.outstanding_effects = outstanding
+        monitor.output(_execute(effect))
+    agent.outstanding_effects = (4, 5, 6)
+    error = _monitor_error(lambda: monitor.output(_execute(6)))
+    assert error.rule == "R20.1g"
+    assert str(error) == ("[R20.1g] 3 tool calls in flight (effects [4, 5, 6]), but "
+                          "max_parallel_tool_calls is 2")
+
+
+def test_R20_1g_a_pool_that_starts_one_call_over_its_limit_is_caught(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: the pool's limit off by one (a bug the model could share, ASSURANCE.md
+    section 1: the differential test cannot see it). The explorer's parallel configuration
+    (three parallel calls, limit 2) reports it as the third call is requested."""
+    fill = tools.batch_fill
+
+    def over(core: CoreState, frame: Any, sent: object) -> Action:
+        if frame.pool:
+            frame.limit = core.config.max_parallel_tool_calls + 1
+        return fill(core, frame, sent)
+
+    plant_phase(monkeypatch, tools, "batch_fill", over)
+    with pytest.raises(AgentInvariantError, match=r"\[R20\.1g\] 3 tool calls in flight"):
+        explorer = CONFIGURATIONS["parallel"].explorer(with_model=False)
+        node = explorer.replay(explorer.prefix)     # the first call's execution requested
+        for _ in range(20):                          # each next call prepared, none finished
+            preparing = any(e.kind == "tool-prepare" for e in node.core.outstanding())
+            explorer.apply(node, ("ans", "tool-prepare", "ok") if preparing else ("pull",))
+
+
+def test_R20_1h_monitor_names_a_steering_record_before_its_dequeue() -> None:
+    """R20.1h (R11.1, R3.1): a steering/message the loop writes follows its dequeue notice;
+    a second record of the same message needs a second dequeue; a direct append of
+    steering/message (extension code, R20.2) is not the loop's."""
+    monitor = InvariantMonitor(_Agent("running"), _Boxes(), sees_inputs=True)
+    message = freeze(msg("s1"))
+    monitor.output(Live(LiveEvent(ev.INBOX_ENQUEUE, freeze(  # type: ignore[arg-type]
+        {"message": message, "placement": "steering"}))))
+    monitor.output(Live(LiveEvent(ev.INBOX_DEQUEUE, freeze(  # type: ignore[arg-type]
+        {"message": message, "placement": "steering"}))))
+    record = Durable(Event(ev.STEERING_MESSAGE, 4, 1.0, freeze(  # type: ignore[arg-type]
+        {"turn": 1, "message": message})))
+    monitor.output(record)                                   # after its dequeue: fine
+    monitor.input(Append(ev.STEERING_MESSAGE, {"turn": 1, "message": msg("s1")}))
+    monitor.output(record)                                   # the direct append's: fine
+    error = _monitor_error(lambda: monitor.output(record))   # a third, with no dequeue
+    assert error.rule == "R20.1h"
+    assert str(error) == "[R20.1h] steering/message of 's1' (seq 4) before its agent/inbox/dequeue"
+
+
+def test_R20_1h_a_drain_that_records_steering_before_its_dequeue_is_caught(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: the drain gives a steering item's record first and its dequeue notice next
+    (both outputs there, in the wrong order: a bug the model could share, ASSURANCE.md
+    section 1). A steer while the model streams, drained when the turn goes on (R8.5)."""
+    take = drains.take_front
+
+    def record_first(core: CoreState, frame: Any, sent: object) -> Action:
+        action = take(core, frame, sent)
+        if isinstance(action, Live) and frame.steering is not None:
+            return core.commit(ev.STEERING_MESSAGE, {"turn": core.turn, "message": (
+                frozen_message(frame.steering))}, surface=True)
+        return action
+
+    def notice_next(core: CoreState, frame: Any, _sent: object) -> Action:
+        message = frame.steering
+        frame.steering = None
+        frame.phase = drains.take_front
+        return Live(LiveEvent(ev.INBOX_DEQUEUE, FrozenDict._adopt({
+            "message": frozen_message(message), "placement": "steering"})))
+
+    plant_phase(monkeypatch, drains, "take_front", record_first)
+    plant_phase(monkeypatch, drains, "append_steering", notice_next)
+    explorer = CONFIGURATIONS["turn"].explorer(with_model=False)
+    node = explorer.replay(explorer.prefix)         # a followup, its model request outstanding
+    with pytest.raises(AgentInvariantError, match=r"\[R20\.1h\] steering/message of 'm\d+'"):
+        for action in (("cmd", "steer"), ("ans", "model", "text"), ("macro", "settle")):
+            explorer.apply(node, action)
 
 
 # --------------------------------------------------------------------------

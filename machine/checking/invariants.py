@@ -15,6 +15,11 @@ checks.
   in exactly one of: a ``user/message`` append, an ``agent/context/discard``
   entry, or still staged.
 * R20.1e window: ``accepts_next_step`` is false whenever the status is idle.
+* R20.1g pool: no more ``{tool-execute}`` effects outstanding than the agent's
+  ``max_parallel_tool_calls`` (R10.2, P11).
+* R20.1h steering order: each ``steering/message`` the loop writes comes after that
+  message's ``agent/inbox/dequeue`` (R11.1, R3.1); checked by a monitor that sees the
+  inputs, which tells direct appends of ``steering/message`` apart.
 * R4.11 couplings: for an agent that states them (``coupling_problems()``, as
   `machine.core.AgentCore` does), none is broken.
 * R4.13 the loop's graph: a monitor turns on the check of every phase change of the core's
@@ -45,7 +50,8 @@ from typing import Protocol
 from machine import events as ev
 from machine.core import loop
 from machine.errors import TurnstileError, ValidationError
-from machine.io import Durable, Effect, Input, Live, Output, Send
+from machine.events import Event
+from machine.io import Append, Durable, Effect, Input, Live, Output, Send
 from machine.jsonvalue import FrozenDict, FrozenList
 from machine.log import SessionLog
 from machine.providers.check import RequestCheck
@@ -159,10 +165,21 @@ class InvariantMonitor:
         # The claim in progress: the claimed id until its dequeue (R7.2-R7.6).
         self.claimed: str | None = None
         self._last_queued: tuple[str, ...] = tuple(boxes.queued_ids())
+        # R20.1g: the tool-execute effects seen requested; R20.1h: steering dequeues and
+        # the loop's steering records, by message id.
+        self.executing: set[int] = set()
+        self.steering_dequeued: dict[str, int] = {}
+        self.steering_logged: dict[str, int] = {}
+        self.steering_direct: dict[str, int] = {}   # direct appends of steering/message
 
     def input(self, item: Input, *, accepted: bool = True) -> None:
         """An input the agent was fed (call it before `poll`): an accepted send enters the
         command ledger. Only a monitor made with ``sees_inputs`` checks that ledger."""
+        if accepted and isinstance(item, Append) and item.type == ev.STEERING_MESSAGE:
+            data = item.data                    # a direct steering record (R20.1h)
+            message = data.get("message") if isinstance(data, (dict, FrozenDict)) else None
+            message_id = message.get("id") if isinstance(message, (dict, FrozenDict)) else None
+            _bump(self.steering_direct, str(message_id))
         if not accepted or not isinstance(item, Send):
             return
         message = item.message
@@ -181,7 +198,10 @@ class InvariantMonitor:
         ledgers judge every continuation alike (an explorer's state key includes it)."""
         counts = (self.enqueued, self.dequeued, self.discarded, self.contexts_seen,
                   self.contexts_logged, self.contexts_discarded, self._last_staged, self.sent,
-                  self.injected, self.logged, self.context_reports)
+                  self.injected, self.logged, self.context_reports, self.steering_dequeued,
+                  self.steering_logged, self.steering_direct)
+        # (`executing` is not in it: what it judges by, its ids still outstanding, is the
+        # agent's own state.)
         return (self.last_status, self.claimed, self._last_queued,
                 *(tuple(sorted(c.items())) for c in counts))
 
@@ -202,7 +222,9 @@ class InvariantMonitor:
             elif event.type == ev.INBOX_DEQUEUE:
                 message_id = str(_message_id(payload))
                 _bump(self.dequeued, message_id)
-                if payload.get("placement") == "queued":
+                if payload.get("placement") == "steering":
+                    _bump(self.steering_dequeued, message_id)
+                elif payload.get("placement") == "queued":
                     if self.claimed is not None and self.claimed != message_id:
                         raise AgentInvariantError("R20.1b", f"dequeue of {message_id!r}, but "
                                                   f"{self.claimed!r} was claimed")
@@ -231,6 +253,8 @@ class InvariantMonitor:
                     _bump(self.contexts_logged, message_id)
             elif output.event.type == ev.TURN_START:
                 self._admission_over("turn/start")
+            elif output.event.type == ev.STEERING_MESSAGE and self.sees_inputs:
+                self._steering_logged(output.event)
         elif isinstance(output, Effect):
             if output.kind == "model" and self.requests is not None:
                 header = output.payload.get("header")
@@ -246,7 +270,39 @@ class InvariantMonitor:
                                               f"but {self.claimed!r} was claimed")
             elif output.kind == "tick" and output.payload.get("purpose") == "rejected-admission":
                 self._admission_over("the rejected admission's tick")
+            elif output.kind == "tool-execute":
+                self._execute_requested(output.id)
         self.poll()
+
+    def _execute_requested(self, effect: int) -> None:
+        """R20.1g (R10.2, P11): a pool never has more calls in flight than its limit. The
+        calls executing are the tool-execute effects requested and still outstanding (a
+        settled call the batch has not taken yet is in flight too, so this count is never
+        more than the batch's own)."""
+        outstanding = getattr(self.agent, "outstanding_effects", None)
+        config = getattr(self.agent, "config", None)
+        limit = getattr(config, "max_parallel_tool_calls", None)
+        if not isinstance(outstanding, tuple) or not isinstance(limit, int):
+            return                              # an agent that does not show them
+        self.executing.add(effect)
+        self.executing &= set(outstanding)
+        if len(self.executing) > limit:
+            raise AgentInvariantError("R20.1g", f"{len(self.executing)} tool calls in flight "
+                                      f"(effects {sorted(self.executing)}), but "
+                                      f"max_parallel_tool_calls is {limit}")
+
+    def _steering_logged(self, event: Event) -> None:
+        """R20.1h (R11.1, R3.1): the loop appends a steering item after its dequeue notice.
+        Extension code may append ``steering/message`` too (R20.4 does not refuse it), so
+        only a monitor that sees the inputs tells the loop's records from direct ones."""
+        message_id = str(_message_id(event.data))
+        if self.steering_direct.get(message_id, 0) > 0:
+            self.steering_direct[message_id] -= 1      # a direct append's record
+            return
+        _bump(self.steering_logged, message_id)
+        if self.steering_logged[message_id] > self.steering_dequeued.get(message_id, 0):
+            raise AgentInvariantError("R20.1h", f"steering/message of {message_id!r} (seq "
+                                      f"{event.seq}) before its agent/inbox/dequeue")
 
     def _claim_seen(self) -> None:
         """R7.2: a claim takes the head of the queue as it was at the last poll (later items
