@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from machine.checking.scripted import Driver, ScriptedEnvironment
 from machine.core import AgentCore
-from machine.events import Event
+from machine.events import Event, LiveEvent
 from machine.runtime import (
     Agent,
     Block,
@@ -84,6 +84,35 @@ def test_RT26_steering_and_context_are_delivered_at_the_step_whose_request_carri
             # the model saw each at that step's request
             assert [m.text for m in model.calls[0].messages][-2:] == ["go faster", "cwd is /tmp"]
             assert model.calls[1].messages[-1].text == "the build is green"
+    run(main)
+
+
+def test_RT26_a_direct_steering_append_at_the_dequeue_leaves_the_steer_its_own_record() -> None:
+    """An observer of a steering item's dequeue appends a steering/message of its own (R20.2,
+    allowed while busy): the steer's fate is still decided by its own record, which follows
+    (found by the differential test's fate check: the direct record had taken its place,
+    and the steer stayed pending)."""
+    async def main() -> None:
+        async with Agent(ScriptedModel([text_reply("ok")])) as agent:
+            sent: dict[str, Sent] = {}
+
+            async def at_step(context: StepContext) -> None:
+                if context.step == 1:
+                    sent["steer"] = agent.steer("go faster")          # top-of-step drain
+
+            def at_dequeue(event: Event | LiveEvent) -> None:
+                if isinstance(event, LiveEvent) and event.payload.get("placement") == "steering":
+                    agent.append("steering/message", {"turn": 1, "message": {
+                        "id": "ext-1", "role": "user", "content": [{"type": "text", "text": "ext"}],
+                        "source": {"kind": "plugin", "plugin": "ext"}}}, surface_op="append")
+                    appended.append(True)
+            appended: list[bool] = []
+            agent.hooks.step.use(at_step)
+            agent.on("agent/inbox/dequeue", at_dequeue)
+            await agent.run("work")
+            assert appended == [True]
+            assert where(agent.fate(sent["steer"].id)) == ("steering", "delivered", 1, 1)
+            assert agent.fate("ext-1") is None          # a direct append is not a fate
     run(main)
 
 

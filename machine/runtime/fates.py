@@ -361,6 +361,9 @@ class FateLedger:
             self._logged(entry, event.seq)
 
     def _steering_message(self, event: Event) -> None:
+        if event.seq in self._direct:           # a direct append (at the dequeue's position,
+            self._direct.discard(event.seq)     # say): the taken item's record is still to come
+            return
         entry = self._steering_taken
         message = event.data.get("message")
         message_id = message.get("id") if isinstance(message, FrozenDict) else None
