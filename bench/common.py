@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -137,3 +141,89 @@ def rate(count: float, seconds: float) -> float:
 def si(value: float) -> str:
     """A count with thousands separators."""
     return f"{value:,.0f}"
+
+
+#: A server program for `local_server`: the fake server of the runtime's tests answering every
+#: POST with ``choose(request)`` (a `Reply`), which the item's *setup* code defines.
+_SERVING = """
+import asyncio, itertools, json
+from machine.runtime.adapters.fake_server import (FakeServer, anthropic_text, openai_text,
+                                                   openai_tool_calls)
+{setup}
+
+class Answering(FakeServer):
+    # answers every POST with choose(request); keeps no body, refuses nothing
+    async def _serve(self, reader, writer):
+        self._connections.add(writer)
+        try:
+            while True:
+                request = await self._read_request(reader)
+                if request is None:
+                    return
+                if not await self._respond(writer, choose(request)):
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError,
+                asyncio.CancelledError):
+            return
+        finally:
+            self._connections.discard(writer)
+            writer.close()
+
+async def main():
+    server = await Answering(refuse=False).start()
+    print(server.port, flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+def server_script(setup: str) -> str:
+    """The program of a local fake server whose replies *setup* chooses: Python code defining
+    ``choose(request) -> Reply`` (the fake server's helpers are imported)."""
+    return _SERVING.replace("{setup}", setup)
+
+
+@contextlib.contextmanager
+def local_server(script: str, tree: Path) -> Iterator[str]:
+    """Run *script* (a Python program that prints its port, then serves until killed) in
+    another process with *tree* on the import path; yields its ``http://127.0.0.1:PORT``."""
+    server = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(tree)})
+    try:
+        assert server.stdout is not None
+        yield f"http://127.0.0.1:{int(server.stdout.readline())}"
+    finally:
+        server.kill()
+        server.wait()
+
+
+def child_figures(script: str, arguments: Sequence[str], tree: str | Path, cwd: str,
+                  what: str) -> Any:
+    """Run *script* with *arguments* in a fresh interpreter (*tree* on the import path, in the
+    folder *cwd*) and read the JSON its last line prints; *what* names it in an error."""
+    completed = subprocess.run([sys.executable, "-c", script, *arguments],
+                               env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True,
+                               text=True, check=False, cwd=cwd)
+    if completed.returncode != 0:
+        raise RuntimeError(f"{what}: {completed.stderr[-3000:]}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def milliseconds(seconds: float) -> str:
+    """*seconds* in ms, with three significant figures at most (no decimals from 100)."""
+    value = seconds * 1e3
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}" if value >= 1 else f"{value:.2f}"
+
+
+def paired_rows(figures: dict[str, Any], labels: Sequence[str], sizes: Sequence[int],
+                keys: tuple[str, str]) -> list[list[str]]:
+    """A row per label: for each size, the figures ``label/size`` holds under *keys*, in ms,
+    as ``a / b`` (a dash where the label was not measured at that size)."""
+    rows = []
+    for label in labels:
+        cells = [f"{milliseconds(figures[f'{label}/{size}'][keys[0]])} / "
+                 f"{milliseconds(figures[f'{label}/{size}'][keys[1]])}"
+                 if f"{label}/{size}" in figures else "—" for size in sizes]
+        rows.append([label, *cells])
+    return rows

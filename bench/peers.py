@@ -25,16 +25,20 @@ first turn apart (a process that has just resumed a long session).
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import Section, load_text
+from bench.common import (
+    Section,
+    child_figures,
+    load_text,
+    local_server,
+    paired_rows,
+    server_script,
+)
 
 SIZES = (1_000, 10_000)
 QUICK_SIZES = (12,)
@@ -46,43 +50,19 @@ PATHS = (("turnstile Agent + OpenAIChat", "turnstile", "openai"),
          ("pydantic-ai Agent + OpenAIChatModel", "pydantic-ai", "pydantic_ai"),
          ("OpenAI Agents SDK + OpenAIChatCompletionsModel", "agents-sdk", "agents"))
 
-SERVER = """
-import asyncio, itertools, json
-from machine.runtime.adapters.fake_server import FakeServer, openai_text, openai_tool_calls
-
+SERVER = server_script("""
 ANSWER = openai_text("It doubles its input and returns it.", usage=(5, 2))
 calls = itertools.count(1)
 
-class Agentic(FakeServer):
+def choose(request):
     # a model that calls `read` once per prompt, then answers: the last message of the
     # request says which (a tool result: answer; anything else: call the tool)
-    async def _serve(self, reader, writer):
-        self._connections.add(writer)
-        try:
-            while True:
-                request = await self._read_request(reader)
-                if request is None:
-                    return
-                last = json.loads(request.body)["messages"][-1]
-                reply = ANSWER if last.get("role") == "tool" else openai_tool_calls(
-                    (f"call_peer_{next(calls)}", "read", '{"path": "src/file.py"}'),
-                    text="Let me read it.")
-                if not await self._respond(writer, reply):
-                    return
-        except (ConnectionError, asyncio.IncompleteReadError, ValueError,
-                asyncio.CancelledError):
-            return
-        finally:
-            self._connections.discard(writer)
-            writer.close()
-
-async def main():
-    server = await Agentic(refuse=False).start()
-    print(server.port, flush=True)
-    await asyncio.Event().wait()
-
-asyncio.run(main())
-"""
+    last = json.loads(request.body)["messages"][-1]
+    if last.get("role") == "tool":
+        return ANSWER
+    return openai_tool_calls((f"call_peer_{next(calls)}", "read", '{"path": "src/file.py"}'),
+                             text="Let me read it.")
+""")
 
 MEASURE = r"""
 import asyncio, json, statistics, sys, time
@@ -246,56 +226,29 @@ print(json.dumps({"first": times[0], "next": statistics.median(times[1:]), "turn
 """
 
 
-def _installed(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
-
-
 def run(quick: bool) -> Section:
     started = time.perf_counter()
     root = Path(__file__).resolve().parent.parent
     sizes = QUICK_SIZES if quick else SIZES
     turns = QUICK_TURNS if quick else TURNS
-    server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(root)})
     figures: dict[str, Any] = {}
     skipped: list[str] = []
-    try:
-        assert server.stdout is not None
-        url = f"http://127.0.0.1:{int(server.stdout.readline())}"
-        with tempfile.TemporaryDirectory() as empty:
-            for label, how, module in PATHS:
-                if not _installed(module):
-                    skipped.append(f"{label}: {module} is not installed (the [bench] extra)")
-                    continue
-                for size in sizes:
-                    completed = subprocess.run(
-                        [sys.executable, "-c", MEASURE, how, str(size), str(turns), url],
-                        env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True,
-                        text=True, check=False, cwd=empty)
-                    if completed.returncode != 0:
-                        raise RuntimeError(f"{label} at {size}: {completed.stderr[-3000:]}")
-                    figures[f"{label}/{size}"] = json.loads(
-                        completed.stdout.strip().splitlines()[-1])
-    finally:
-        server.kill()
-        server.wait()
+    with local_server(SERVER, root) as url, tempfile.TemporaryDirectory() as empty:
+        for label, how, module in PATHS:
+            if importlib.util.find_spec(module) is None:
+                skipped.append(f"{label}: {module} is not installed (the [bench] extra)")
+                continue
+            for size in sizes:
+                figures[f"{label}/{size}"] = child_figures(
+                    MEASURE, [how, str(size), str(turns), url], root, empty,
+                    f"{label} at {size}")
     return _section(figures, sizes, skipped, time.perf_counter() - started)
-
-
-def _ms(seconds: float) -> str:
-    value = seconds * 1e3
-    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}" if value >= 1 else f"{value:.2f}"
 
 
 def _section(figures: dict[str, Any], sizes: tuple[int, ...], skipped: list[str],
              seconds: float) -> Section:
     headers = ["agent", *(f"{size:,} messages: next / first turn" for size in sizes)]
-    rows = []
-    for label, _, _ in PATHS:
-        cells = [f"{_ms(figures[f'{label}/{size}']['next'])} / "
-                 f"{_ms(figures[f'{label}/{size}']['first'])}"
-                 if f"{label}/{size}" in figures else "—" for size in sizes]
-        rows.append([label, *cells])
+    rows = paired_rows(figures, [path[0] for path in PATHS], sizes, ("next", "first"))
     notes = ["Client CPU time per agent turn, ms (`time.process_time` in the agent's process; "
              "the server is another process): a prompt, the model's call of one tool, the "
              "tool's result and the model's answer, two streamed Chat Completions requests each "

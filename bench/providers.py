@@ -27,8 +27,6 @@ request streams a short reply to the end.
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -36,7 +34,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import Section, load_text
+from bench.common import (
+    Section,
+    child_figures,
+    load_text,
+    local_server,
+    milliseconds,
+    paired_rows,
+    server_script,
+)
 
 #: The commit before this work (the adapters with the SDK's create and the O(n²) pass).
 BASE = "1d2aea6"
@@ -55,38 +61,13 @@ PATHS = (("OpenAIChat", "chat", "now"), ("OpenAIChat, direct=False", "chat", "sd
 #: Paths whose every request re-encodes the whole history: fewer repeats at large sizes.
 _SLOW = ("sdk-create", "before", "plain-sdk", "pydantic-ai")
 
-SERVER = """
-import asyncio
-from machine.runtime.adapters.fake_server import FakeServer, anthropic_text, openai_text
-
+SERVER = server_script("""
 CHAT, MESSAGES = openai_text("ok", usage=(5, 2)), anthropic_text("ok")
 
-class Answering(FakeServer):
-    # answers every POST with a short reply in the dialect its path names; keeps no body
-    async def _serve(self, reader, writer):
-        self._connections.add(writer)
-        try:
-            while True:
-                request = await self._read_request(reader)
-                if request is None:
-                    return
-                reply = MESSAGES if request.path.endswith("/messages") else CHAT
-                if not await self._respond(writer, reply):
-                    return
-        except (ConnectionError, asyncio.IncompleteReadError, ValueError,
-                asyncio.CancelledError):
-            return
-        finally:
-            self._connections.discard(writer)
-            writer.close()
-
-async def main():
-    server = await Answering(refuse=False).start()
-    print(server.port, flush=True)
-    await asyncio.Event().wait()
-
-asyncio.run(main())
-"""
+def choose(request):
+    # a short reply in the dialect the request's path names
+    return MESSAGES if request.path.endswith("/messages") else CHAT
+""")
 
 MEASURE = r"""
 import asyncio, json, statistics, sys, time
@@ -235,53 +216,31 @@ def run(quick: bool) -> Section:
     started = time.perf_counter()
     root = Path(__file__).resolve().parent.parent
     sizes = QUICK_SIZES if quick else SIZES
-    server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(root)})
     figures: dict[str, Any] = {}
     skipped: list[str] = []
-    try:
-        assert server.stdout is not None
-        url = f"http://127.0.0.1:{int(server.stdout.readline())}"
-        with tempfile.TemporaryDirectory() as before, tempfile.TemporaryDirectory() as empty:
-            why = _base_tree(before)
-            for label, dialect, how in PATHS:
-                if how == "before" and why:
-                    skipped.append(f"{label}: {why}")
-                    continue
-                if how == "pydantic-ai" and not _pydantic_ai():
-                    skipped.append(f"{label}: pydantic-ai is not installed (the [bench] extra)")
-                    continue
-                tree = before if how == "before" else str(root)
-                for size in sizes:
-                    repeats = 1 if quick or (how in _SLOW and size >= 10_000) else 7
-                    completed = subprocess.run(
-                        [sys.executable, "-c", MEASURE, dialect, how, str(size), str(repeats),
-                         url], env={**os.environ, "PYTHONPATH": tree}, capture_output=True,
-                        text=True, check=False, cwd=empty)
-                    if completed.returncode != 0:
-                        raise RuntimeError(f"{label} at {size}: {completed.stderr[-2000:]}")
-                    figures[f"{label}/{size}"] = json.loads(
-                        completed.stdout.strip().splitlines()[-1])
-    finally:
-        server.kill()
-        server.wait()
+    with local_server(SERVER, root) as url, tempfile.TemporaryDirectory() as before, \
+            tempfile.TemporaryDirectory() as empty:
+        why = _base_tree(before)
+        for label, dialect, how in PATHS:
+            if how == "before" and why:
+                skipped.append(f"{label}: {why}")
+                continue
+            if how == "pydantic-ai" and not _pydantic_ai():
+                skipped.append(f"{label}: pydantic-ai is not installed (the [bench] extra)")
+                continue
+            tree = before if how == "before" else str(root)
+            for size in sizes:
+                repeats = 1 if quick or (how in _SLOW and size >= 10_000) else 7
+                figures[f"{label}/{size}"] = child_figures(
+                    MEASURE, [dialect, how, str(size), str(repeats), url], tree, empty,
+                    f"{label} at {size}")
     return _section(figures, sizes, skipped, time.perf_counter() - started)
-
-
-def _ms(seconds: float) -> str:
-    value = seconds * 1e3
-    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}" if value >= 1 else f"{value:.2f}"
 
 
 def _section(figures: dict[str, Any], sizes: tuple[int, ...], skipped: list[str],
              seconds: float) -> Section:
     headers = ["path", *(f"{size:,}: first / next" for size in sizes)]
-    rows = []
-    for label, _, _ in PATHS:
-        cells = [f"{_ms(figures[f'{label}/{size}']['first'])} / "
-                 f"{_ms(figures[f'{label}/{size}']['next'])}"
-                 if f"{label}/{size}" in figures else "—" for size in sizes]
-        rows.append([label, *cells])
+    rows = paired_rows(figures, [path[0] for path in PATHS], sizes, ("first", "next"))
     notes = ["Client CPU time per request, ms (`time.process_time` in the client's process; "
              "the server is another process): the *first* request of a fresh adapter at that "
              "many messages, and the *next* one after a turn's four messages are added. "
@@ -299,8 +258,8 @@ def _section(figures: dict[str, Any], sizes: tuple[int, ...], skipped: list[str]
         summary["openai_next_ms"] = now["next"] * 1e3
         summary["openai_first_ms"] = now["first"] * 1e3
         summary["next_over_first"] = now["next"] / now["first"]
-        notes.append(f"At {ten:,} messages, `OpenAIChat`: {_ms(now['next'])} ms per request in "
-                     f"a running session (the next request), {_ms(now['first'])} ms for the "
+        notes.append(f"At {ten:,} messages, `OpenAIChat`: {milliseconds(now['next'])} ms per request in "
+                     f"a running session (the next request), {milliseconds(now['first'])} ms for the "
                      f"first request of a fresh adapter, which encodes every message once; the "
                      f"next ÷ the first: {now['next'] / now['first']:.1%}.")
     if claude:
