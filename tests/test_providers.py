@@ -350,6 +350,27 @@ def test_W2_7_calls_go_as_text_without_tools_or_without_leading_thinking() -> No
     assert to_openai_messages(history)[1]["tool_calls"][0]["id"] == "k1"
 
 
+def test_W2_7_a_thinking_message_merged_behind_another_sends_its_calls_as_text() -> None:
+    # Found by the W1 property test: two assistant messages in a row are one wire message
+    # (W5.3), so the second's thinking does not open it; with thinking on, its calls go as
+    # text (W5.7: the message with the calls the last message answers opens with thinking)
+    said = assistant("a", text("hi"))
+    thought = assistant("b", {"type": "reasoning", "text": "think"},
+                        {"type": SIGNATURE, "signature": "c2ln"}, call("k1"))
+    history = [said, thought]
+    on = to_anthropic_messages(history, thinking=True)
+    assert [b["type"] for b in on[1]["content"]] == ["text", "thinking", "text"]
+    assert on[1]["content"][2] == text("[called tool t (k1) with arguments {}]")
+    assert [b["type"] for b in on[2]["content"]] == ["text"]       # its missing result, as text
+    assert on[2]["content"][0]["text"].startswith("[result of tool call k1 (error)]")
+    for header in (HEADER, THINKING):
+        accepted(header, history)
+        accepted(header, [*history, result("k1", "done")])
+    # alone, the same message opens its wire message and keeps its tool_use
+    alone = to_anthropic_messages([user_message("u", "go"), thought], thinking=True)
+    assert [b["type"] for b in alone[1]["content"]] == ["thinking", "tool_use"]
+
+
 def test_W2_8_a_request_opens_with_the_user() -> None:
     history = [assistant("a", text("I said this first")), user_message("u", "hi")]
     assert to_anthropic_messages(history)[0] == {"role": "user", "content": [text(OPENING)]}

@@ -96,7 +96,7 @@ class ChatCodec:
         return bool(text_of(message.content).strip() or message.tool_calls or (
             self.send_reasoning and text_of(message.content, kinds=("reasoning",))))
 
-    def structured(self, message: Message) -> bool:
+    def structured(self, message: Message, *, merged: bool = False) -> bool:
         return True
 
     def opens(self, role: str | None) -> bool:

@@ -99,9 +99,9 @@ class MessagesCodec:
     def sendable(self, message: Message) -> bool:
         return bool(self._assistant(message, (), structured=True))
 
-    def structured(self, message: Message) -> bool:
-        return self.tools and (not self.thinking or _thinking_first(
-            self._assistant(message, (), structured=True)))
+    def structured(self, message: Message, *, merged: bool = False) -> bool:
+        return self.tools and (not self.thinking or (not merged and _thinking_first(
+            self._assistant(message, (), structured=True))))
 
     def opens(self, role: str | None) -> bool:
         return role != "user"                # W5.3: the first message is the user's

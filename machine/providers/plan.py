@@ -83,8 +83,9 @@ class Codec(Protocol):
         """Whether an assistant message has anything this provider can be sent."""
         ...
 
-    def structured(self, message: Message) -> bool:
-        """Whether an assistant message's calls are sent as tool calls (else as text, W2.7)."""
+    def structured(self, message: Message, *, merged: bool = False) -> bool:
+        """Whether an assistant message's calls are sent as tool calls (else as text, W2.7);
+        *merged*: its blocks join an assistant wire message already open (``merges``)."""
         ...
 
     def opens(self, role: str | None) -> bool:
@@ -168,7 +169,7 @@ class Sink(Protocol):
 class Planner:
     """The plan's walk (W2): feed the history's messages in order, then `finish`."""
 
-    __slots__ = ("codec", "group", "ids", "sink", "started")
+    __slots__ = ("codec", "group", "ids", "last_role", "sink", "started")
 
     def __init__(self, codec: Codec, sink: Sink) -> None:
         self.codec = codec
@@ -176,14 +177,16 @@ class Planner:
         self.ids = Ids(codec)
         self.group: _Group | None = None
         self.started = False
+        #: the role of the last unit emitted (what a merging codec's next unit joins)
+        self.last_role: str | None = None
 
-    def mark(self) -> tuple[int, _Group | None, bool]:
+    def mark(self) -> tuple[int, _Group | None, bool, str | None]:
         """The planner's state at a clean point (its group, if any, no longer changes)."""
-        return self.ids.mark(), self.group, self.started
+        return self.ids.mark(), self.group, self.started, self.last_role
 
-    def rollback(self, mark: tuple[int, _Group | None, bool]) -> None:
+    def rollback(self, mark: tuple[int, _Group | None, bool, str | None]) -> None:
         self.ids.rollback(mark[0])
-        self.group, self.started = mark[1], mark[2]
+        self.group, self.started, self.last_role = mark[1], mark[2], mark[3]
 
     @property
     def clean(self) -> bool:
@@ -199,7 +202,10 @@ class Planner:
                 return
             calls = message.tool_calls
             wire = tuple(self.ids.take(str(call.get("id"))) for call in calls)
-            structured = self.codec.structured(message)
+            # W2.7: joined to an assistant message already open, it does not open the wire
+            # message, so with thinking on its calls cannot be sent as blocks (W5.7)
+            structured = self.codec.structured(
+                message, merged=self.codec.merges and self.last_role == "assistant")
             self._emit(AssistantUnit(message, wire, structured))
             if calls:
                 self.group = _Group([[str(call.get("id")), w, False]
@@ -253,8 +259,10 @@ class Planner:
                 opening = OpeningUnit()
                 self.sink.add(codec.role(opening), opening, lambda: codec.encode(opening))
             self.sink.add(role, unit, lambda: parts)
+            self.last_role = role
             return
         self.sink.add(role, unit, lambda: codec.encode(unit))
+        self.last_role = role
 
 
 class _ListSink:
