@@ -94,6 +94,11 @@ class AgentCore:
         """The next output, or None when the core waits for an input (P1)."""
         return self._state.next_output()
 
+    def output_puller(self) -> Callable[[], Output | None]:
+        """`next_output` itself, for a driver that pulls in a loop: the same outputs, one
+        call fewer for each."""
+        return self._state.next_output
+
     def drain_outputs(self) -> list[Output]:
         """Pull every output available now (no observers act in between)."""
         outputs: list[Output] = []

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import json
 import logging
 import math
@@ -90,9 +89,6 @@ from machine.store.resume import check_readable
 from machine.store.types import LoadMode, LoadReport, SessionStore
 from machine.vocabulary import (
     DISPOSED_CAUSE,
-    FOLLOWUP,
-    INJECT,
-    STEER,
     CancelCause,
     ErrorInfo,
     Message,
@@ -224,6 +220,7 @@ class Agent:
                             max_parallel_tool_calls=max_parallel_tool_calls,
                             session_start=session_start, publish=publish)
         self._core = core = AgentCore(config, log=session, clock=clock)
+        self._next_output = core.output_puller()
         self._completers: dict[str, Callable[..., None]] = {
             "resolve": core.resolve, "raise": core.fail, "chunk": core.chunk,
             "end": lambda effect_id, _none: core.end(effect_id)}
@@ -257,10 +254,10 @@ class Agent:
         self._trackers: set[_RunTracker[Any]] = set()
         self._chain: _RunTracker[Any] | None = None
         self._durable_watch: dict[str, Callable[[Event], object]] = {
-            type_: functools.partial(handler, ledger) for type_, handler in _DURABLE.items()}
+            type_: handler.__get__(ledger) for type_, handler in _DURABLE.items()}
         self._durable_watch[ev.TURN_START] = self._turn_started
         self._live_watch: dict[str, Callable[[LiveEvent], None]] = {
-            type_: functools.partial(handler, ledger) for type_, handler in _LIVE.items()}
+            type_: handler.__get__(ledger) for type_, handler in _LIVE.items()}
         self._live_watch[ev.SETTLED] = self._settled
         self._live_watch[ev.AGENT_DISPOSED] = self._torn_down
         self._live_watch[ev.ERROR] = self._agent_error
@@ -417,12 +414,18 @@ class Agent:
         self._core.send(given, {"target": target, "wakeup": wakeup})
         return self._accepted(given, SendOptions(target, wakeup), window, seq)
 
+    # Each command tells the fate ledger of the acceptance (RT26; the core accepted it if
+    # it returned), then delivers the command's outputs.
+
     def followup(self, message: MessageLike) -> Sent:
         """``send(target='next-turn', wakeup=True)``: a prompt of its own turn."""
         self._bind()
         given = self._message(message)
         self._core.followup(given)
-        return self._accepted(given, FOLLOWUP, False, 0)
+        sent = self._ledger.accept_prompt(_message_id(given))
+        if not self._delivering:
+            self._pump(feed=False)
+        return cast(Sent, sent)              # the ledger makes its records as `Sent`s
 
     def steer(self, message: MessageLike) -> Sent:
         """``send(target='next-step', wakeup=True)``: steering if the window is open, else a
@@ -431,25 +434,31 @@ class Agent:
         given = self._message(message)
         window = self._core.accepts_next_step
         self._core.steer(given)
-        return self._accepted(given, STEER, window, 0)
+        sent = self._ledger.accept_steer(_message_id(given), window)
+        if not self._delivering:
+            self._pump(feed=False)
+        return cast(Sent, sent)              # the ledger makes its records as `Sent`s
 
     def inject(self, message: MessageLike) -> Sent:
         """``send(target='next-step', wakeup=False)``: staged context if the window is open,
         else appended at once (no turn)."""
         self._bind()
         given = self._message(message)
-        window, seq = self._core.accepts_next_step, len(self._core.log)
-        self._core.inject(given)
-        return self._accepted(given, INJECT, window, seq)
+        core = self._core
+        window = core.accepts_next_step
+        seq = None if window else len(core.log)     # where it is appended, window closed
+        core.inject(given)
+        sent = self._ledger.accept_inject(_message_id(given), window, seq)
+        if not self._delivering:
+            self._pump(feed=False)
+        return cast(Sent, sent)              # the ledger makes its records as `Sent`s
 
     def _accepted(self, message: Message | Mapping[str, JsonValue], options: SendOptions,
                   window: bool, seq: int) -> Sent:
         """The core accepted *message* (routed against *window*; an inject with the window
         closed appended it at *seq*): its fate is followed from here (RT26), then its
         outputs are delivered."""
-        raw_id = message.id if isinstance(message, Message) else message["id"]
-        message_id = str.__str__(raw_id) if isinstance(raw_id, str) else str(raw_id)
-        sent = self._ledger.accept(message_id, options, window, seq)
+        sent = self._ledger.accept(_message_id(message), options, window, seq)
         self._commanded()
         return cast(Sent, sent)              # the ledger makes its records as `Sent`s
 
@@ -694,6 +703,9 @@ class Agent:
             self._end_chain()
         admitted = ledger.admitted
         tracker = admitted.run if admitted is not None else None
+        if tracker is None and self._env.control is None and (
+                self.limits is None or not self.limits.any):
+            return                              # no run, no limits: nothing to install
         control: RunControl | None = None
         if isinstance(tracker, _RunTracker):
             self._chain = tracker
@@ -1079,12 +1091,13 @@ class Agent:
             self._reoffer_approvals()
         self._delivering = True
         core = self._core
+        next_output = self._next_output
         try:
             if feed:
                 self._feed_ready()
             while True:
                 try:
-                    output = core.next_output()
+                    output = next_output()
                 except EXITS as exc:    # P16: the core stopped first; raised below (RT18)
                     if self._exit is None:
                         self._exit = exc
@@ -1114,13 +1127,14 @@ class Agent:
 
     def _settle_waiters(self) -> None:
         core = self._core
-        if self._idle_waiters and ((core.is_quiescent and not self._approval_tasks)
-                                   or core.disposed):
+        disposed = core.disposed        # (setting a future's result runs nothing now)
+        if self._idle_waiters and (disposed or (core.is_quiescent
+                                                and not self._approval_tasks)):
             waiters, self._idle_waiters = self._idle_waiters, []
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_result(None)
-        if core.disposed:
+        if disposed:
             if not self._sink_closed:
                 self._sink_closed = True
                 self._close_sink()
@@ -1149,9 +1163,8 @@ class Agent:
         LOGGER.warning("%s raised: %s", what, error_info(exc).rendered() or type(exc).__name__)
 
     def _deliver(self, output: Output) -> None:
-        kind = type(output)             # Why exact types: the four output classes are final
-        if kind is Durable:
-            assert isinstance(output, Durable)
+        # Why exact types: the four output classes are final (and `type(x) is` narrows)
+        if type(output) is Durable:
             event = output.event
             try:
                 self._append(event)
@@ -1165,8 +1178,7 @@ class Agent:
                 watch(event)
             if subs:
                 self._notify(subs, output, event)
-        elif kind is Live:
-            assert isinstance(output, Live)
+        elif type(output) is Live:
             live = output.event
             if live.type == ev.WARNING:
                 LOGGER.warning("agent warning: %s", live.payload.get("text", ""))
@@ -1178,8 +1190,7 @@ class Agent:
                 live_watch(live)
             if subs:
                 self._notify(subs, output, live)
-        elif kind is Effect:
-            assert isinstance(output, Effect)
+        elif type(output) is Effect:
             observers = self._observers
             if observers is None:
                 observers = self._route(None, False)
@@ -1277,7 +1288,7 @@ class Agent:
                     self._contain(exc, "the session sink's flush")
                 return
             if kind == PROMPT_SUBMIT:                  # the admission's answer (RT26)
-                self._ledger.effect(effect)
+                self._ledger.admission(effect)
                 if not isinstance(work, Immediate):
                     work = _decided(work, self._ledger, effect.id)
             if isinstance(work, Immediate):
@@ -1399,6 +1410,14 @@ class Agent:
             self._minted += 1
             return user_message(f"user-{self._minted}", message)
         return message
+
+
+def _message_id(message: Message | Mapping[str, JsonValue]) -> str:
+    """The id of a message the core accepted (so a string), as a plain `str`."""
+    raw_id = message.id if isinstance(message, Message) else message["id"]
+    if type(raw_id) is str:
+        return raw_id
+    return str.__str__(raw_id) if isinstance(raw_id, str) else str(raw_id)
 
 
 def _check_timeout(timeout: float | None) -> None:

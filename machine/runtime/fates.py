@@ -40,8 +40,6 @@ from machine.io import PROMPT_SUBMIT, TICK, Control, Durable, Effect, Live, Outp
 from machine.jsonvalue import Frozen, FrozenDict, FrozenList
 from machine.vocabulary import (
     DISPOSED_CAUSE,
-    PARENT_CAUSE,
-    USER_CAUSE,
     Block,
     CancelCause,
     ErrorInfo,
@@ -61,19 +59,6 @@ Rejection: TypeAlias = Literal["blocked", "failed", "invalid", "aborted"]
 Waiting: TypeAlias = Literal["queued", "staged", "admitting", "in-log"]
 
 FINAL_KINDS: Final = frozenset({"delivered", "appended", "rejected", "discarded"})
-#: A decided fate kept by the ledger: (acceptance number, id, route, kind, turn, step, seq,
-#: rejection, detail, the cause's kind), plain values only.
-_Row: TypeAlias = tuple[int, str, Route, FateKind, "int | None", "int | None", "int | None",
-                        "Rejection | None", "str | None", "str | None"]
-_CAUSES: Final[dict[str, CancelCause]] = {cause.kind: cause for cause in (
-    USER_CAUSE, PARENT_CAUSE, DISPOSED_CAUSE)}
-
-
-def _row_view(row: _Row) -> MessageFate:
-    cause = row[9]
-    return MessageFate(row[1], row[2], row[3], None, row[4], row[5], row[6], row[7], row[8],
-                       _CAUSES.get(cause) if cause is not None else None)
-
 
 @dataclass(frozen=True, slots=True)
 class MessageFate:
@@ -185,12 +170,11 @@ class FateLedger:
         self._keep = keep
         #: The class of the records `accept` makes (the agent's `Sent`, its public face).
         self._entry_type = entry_type if entry_type is not None else _Entry
-        self._pending: dict[str, list[_Entry]] = {}  # undecided acceptances, by id
-        #: Decided fates, by id, as tuples of plain values (which the cyclic collector stops
-        #: tracking: a long session's fates cost it nothing), and their ids in the order they
-        #: were decided, for the bound.
-        self._rows: dict[str, tuple[_Row, ...]] = {}
-        self._decided: deque[str] = deque()
+        #: Decided acceptances by id (the record itself; a tuple, oldest first, for an id
+        #: accepted more than once), and all of them in the order they were decided, for the
+        #: bound. A pending one is in exactly one of the boxes below, so it needs no index.
+        self._decided_by_id: dict[str, _Entry | tuple[_Entry, ...]] = {}
+        self._decided: deque[_Entry] = deque()
         self._queued: deque[_Entry] = deque()       # route prompt, in inbox order
         self._staged: deque[_Entry] = deque()       # steering and context, in outbox order
         self._admitting: _Entry | None = None       # claimed (dequeued), no outcome yet
@@ -214,30 +198,42 @@ class FateLedger:
         """An accepted send (R5): *window_open* is the window as the core routed it
         (before the call); *appended_seq* the seq of the ``user/message`` an inject with
         the window closed appended at once (R5.2)."""
-        self._accepted += 1
-        index = self._accepted
-        make = self._entry_type
-        if options.target == "next-step" and not options.wakeup:          # inject
-            if window_open:
-                entry = make(message_id, "context", "staged", index)
-                self._staged.append(entry)
-            else:
-                entry = make(message_id, "context", "in-log", index)
-                if appended_seq is not None:
-                    self._direct.add(appended_seq)
-                self._finish(entry, "appended", seq=appended_seq)
-                return entry
-        elif options.target == "next-step" and window_open:               # R5.3 steering
-            entry = make(message_id, "steering", "staged", index)
+        if options.target != "next-step":
+            return self.accept_prompt(message_id)
+        if options.wakeup:
+            return self.accept_steer(message_id, window_open)
+        return self.accept_inject(message_id, window_open, appended_seq)
+
+    def accept_prompt(self, message_id: str) -> _Entry:
+        """`accept` of a follow-up (``next-turn``, R5.1): a queued prompt."""
+        self._accepted = index = self._accepted + 1
+        entry = self._entry_type(message_id, "prompt", "queued", index)
+        self._queued.append(entry)
+        return entry
+
+    def accept_steer(self, message_id: str, window_open: bool) -> _Entry:
+        """`accept` of a steer: staged steering (R5.3), or a queued prompt with the window
+        closed."""
+        if not window_open:
+            return self.accept_prompt(message_id)
+        self._accepted = index = self._accepted + 1
+        entry = self._entry_type(message_id, "steering", "staged", index)
+        self._staged.append(entry)
+        return entry
+
+    def accept_inject(self, message_id: str, window_open: bool,
+                      appended_seq: int | None) -> _Entry:
+        """`accept` of an inject: staged context, or context appended at once with the
+        window closed (R5.2)."""
+        self._accepted = index = self._accepted + 1
+        if window_open:
+            entry = self._entry_type(message_id, "context", "staged", index)
             self._staged.append(entry)
-        else:
-            entry = make(message_id, "prompt", "queued", index)
-            self._queued.append(entry)
-        entries = self._pending.get(message_id)
-        if entries is None:
-            self._pending[message_id] = [entry]
-        else:
-            entries.append(entry)
+            return entry
+        entry = self._entry_type(message_id, "context", "in-log", index)
+        if appended_seq is not None:
+            self._direct.add(appended_seq)
+        self._finish(entry, "appended", seq=appended_seq)
         return entry
 
     def direct_append(self, seq: int) -> None:
@@ -288,17 +284,20 @@ class FateLedger:
     def effect(self, effect: Effect) -> None:
         """``{prompt-submit}`` (a claim's admission asks for its decision) and the rejected
         admission's tick (R7.10 step 3)."""
-        payload = effect.payload._data          # Why: a plain dict's get (every turn has these)
         if effect.kind == PROMPT_SUBMIT:
-            if self._staged:
-                self._mark_claim()
-            self._admission_effect = effect.id
-            signal = payload.get("signal")
-            self._admission_signal = signal if type(signal) is int else None
-            self._decision = None
-            self._aborted = None
-        elif effect.kind == TICK and payload.get("purpose") == "rejected-admission":
+            self.admission(effect)
+        elif effect.kind == TICK and effect.payload._data.get("purpose") == "rejected-admission":
             self._rejected()
+
+    def admission(self, effect: Effect) -> None:
+        """``{prompt-submit}``: the claimed prompt's admission asks for its decision."""
+        if self._staged:
+            self._mark_claim()
+        self._admission_effect = effect.id
+        signal = effect.payload._data.get("signal")   # Why: a plain dict's get (every turn)
+        self._admission_signal = signal if type(signal) is int else None
+        self._decision = None
+        self._aborted = None
 
     def abort(self, payload: FrozenDict) -> None:
         """``abort {signal, reason}``: an abort of the admission's signal rejects its prompt
@@ -365,8 +364,8 @@ class FateLedger:
             self._direct.discard(event.seq)     # say): the taken item's record is still to come
             return
         entry = self._steering_taken
-        message = event.data.get("message")
-        message_id = message.get("id") if isinstance(message, FrozenDict) else None
+        message = event.data._data.get("message")
+        message_id = message._data.get("id") if type(message) is FrozenDict else None
         if entry is None or entry.message_id != message_id:
             entry = self._take(self._staged, message_id, "steering")
         self._steering_taken = None
@@ -379,7 +378,8 @@ class FateLedger:
             self._place(step if type(step) is int else None)
 
     def _turn_end(self, event: Event) -> None:
-        self._place(None)
+        if self._in_log:
+            self._place(None)
         if self._prompt is not None:      # never appended (the core stopped, P16)
             self._reject(self._prompt, "failed", "the turn ended before its prompt was "
                          "written")
@@ -512,17 +512,25 @@ class FateLedger:
     def _place(self, step: int | None) -> None:
         """The entries in the log since the last step boundary are carried by *step*'s
         request (R9.4: the history cut precedes ``step/start``), or by none (None)."""
-        if not self._in_log:
-            return
         entries, self._in_log = self._in_log, []
-        for entry in entries:
-            self._finish(entry, "delivered", turn=entry.turn, step=step, seq=entry.seq)
+        for entry in entries:           # `_finish`, inline: every message is delivered so
+            entry.kind = "delivered"    # (its turn and seq are set, its cause is None)
+            entry.waiting = None
+            entry.step = step
+            entry.inherited = False
+            entry.run = None
+            self._decide(entry)
 
     @staticmethod
     def _take(box: deque[_Entry], message_id: object, route: Route, *,
               inherited: bool = False) -> _Entry | None:
         """Remove and return the first entry of *box* with this id and route (FIFO: a
         box is drained and discarded in order)."""
+        if box:                         # Why: usually the box's first entry is the one
+            first = box[0]
+            if first.message_id == message_id and first.route == route \
+                    and (first.inherited or not inherited):
+                return box.popleft()
         for index, entry in enumerate(box):
             if entry.message_id == message_id and entry.route == route \
                     and (entry.inherited or not inherited):
@@ -530,41 +538,52 @@ class FateLedger:
                 return entry
         return None
 
-    def _finish(self, entry: _Entry, kind: FateKind, *, turn: int | None = None,
+    def _finish(self, entry: _Entry, kind: FateKind, turn: int | None = None,
                 step: int | None = None, seq: int | None = None,
                 cause: CancelCause | None = None) -> None:
+        """Decide *entry*'s fate: the record itself is kept (a decided record is never
+        changed again), the oldest decided one beyond *keep* forgotten."""
         entry.kind = kind
         entry.waiting = None
         entry.turn = turn
         entry.step = step
         entry.seq = seq
-        entry.cause = cause if kind in ("discarded", "rejected") else None
+        entry.cause = cause           # (callers give one only for discarded and rejected)
         entry.inherited = False
-        listeners, entry.listeners = entry.listeners, None
+        entry.run = None              # the run read it at its turn's start; no longer needed
+        self._decide(entry)
+
+    def _decide(self, entry: _Entry) -> None:
+        """*entry*'s fate is decided: keep it, forget the oldest beyond *keep*, and tell
+        whoever waits for it."""
         message_id = entry.message_id
-        pending = self._pending.get(message_id)
-        if pending is not None and entry in pending:
-            if len(pending) == 1:
-                del self._pending[message_id]
-            else:
-                pending.remove(entry)
-        row: _Row = (entry.index, message_id, entry.route, kind, turn, step, seq,
-                     entry.rejection, entry.detail, entry.cause.kind if entry.cause else None)
-        rows = self._rows.get(message_id)
-        self._rows[message_id] = (row,) if rows is None else (*rows, row)
+        by_id = self._decided_by_id
+        held = by_id.get(message_id)
+        if held is None:
+            by_id[message_id] = entry
+        elif isinstance(held, tuple):
+            by_id[message_id] = (*held, entry)
+        else:
+            by_id[message_id] = (held, entry)
         decided = self._decided
-        decided.append(message_id)
+        decided.append(entry)
         if len(decided) > self._keep:
-            oldest = decided.popleft()            # its oldest decided fate goes
-            kept = self._rows[oldest][1:]
-            if kept:
-                self._rows[oldest] = kept
-            else:
-                del self._rows[oldest]
-        if listeners:
+            self._forget(decided.popleft())
+        if entry.listeners:
+            listeners, entry.listeners = entry.listeners, None
             fate = entry.view()
             for listener in listeners:
                 listener(fate)
+
+    def _forget(self, oldest: _Entry) -> None:
+        """The oldest decided fate goes (its id's oldest record)."""
+        by_id = self._decided_by_id
+        held = by_id[oldest.message_id]
+        if isinstance(held, tuple):
+            rest = tuple(entry for entry in held if entry is not oldest)
+            by_id[oldest.message_id] = rest[0] if len(rest) == 1 else rest
+        else:
+            del by_id[oldest.message_id]
 
     # -- queries ----------------------------------------------------------------------
 
@@ -576,15 +595,22 @@ class FateLedger:
 
     def fates(self, message_id: str | None = None) -> tuple[MessageFate, ...]:
         """Every remembered acceptance (of *message_id*), oldest first."""
-        if message_id is not None:
-            entries: list[_Entry] = list(self._pending.get(message_id, ()))
-            rows: list[_Row] = list(self._rows.get(message_id, ()))
+        entries = self._undecided()
+        if message_id is None:
+            entries.extend(self._decided)
         else:
-            entries = [e for es in self._pending.values() for e in es]
-            rows = [r for rs in self._rows.values() for r in rs]
-        views = [(e.index, e.view()) for e in entries] + [(r[0], _row_view(r)) for r in rows]
-        views.sort(key=lambda item: item[0])
-        return tuple(view for _, view in views)
+            entries = [entry for entry in entries if entry.message_id == message_id]
+            held = self._decided_by_id.get(message_id, ())
+            entries.extend(held if isinstance(held, tuple) else (held,))
+        entries.sort(key=lambda entry: entry.index)
+        return tuple(entry.view() for entry in entries)
+
+    def _undecided(self) -> list[_Entry]:
+        """The pending records: each is in exactly one of the boxes."""
+        entries = [*self._queued, *self._staged, *self._in_log]
+        entries.extend(entry for entry in (self._admitting, self._prompt, self._steering_taken)
+                       if entry is not None)
+        return entries
 
     @property
     def accepted(self) -> int:
@@ -593,9 +619,8 @@ class FateLedger:
 
     def pending(self) -> tuple[MessageFate, ...]:
         """The acceptances whose fate is not decided yet, oldest first."""
-        entries = sorted((e for es in self._pending.values() for e in es),
-                         key=lambda entry: entry.index)
-        return tuple(e.view() for e in entries)
+        entries = sorted(self._undecided(), key=lambda entry: entry.index)
+        return tuple(entry.view() for entry in entries)
 
     # -- the R20.1 check ------------------------------------------------------------------
 
