@@ -263,3 +263,31 @@ def test_RT26_decided_fates_are_remembered_boundedly_and_a_sent_keeps_its_own() 
         driver.run()
     assert [f.message_id for f in ledger.fates()] == ["m2", "m3"]
     assert ledger.fate("m0") is None and kept[0].view().kind == "delivered"
+
+
+def test_RT26_the_bound_forgets_the_oldest_record_even_of_an_id_accepted_again() -> None:
+    # The ledger keeps its decided records by id (a tuple for an id accepted more than
+    # once) and forgets the oldest decided one first, whichever id it has.
+    core = AgentCore()
+    ledger = FateLedger(core, keep=2)
+    driver = Driver(core, ScriptedEnvironment())
+    driver.on(ledger.output)
+    kept = []
+    for message_id in ("a", "b", "a"):
+        message = user_message(message_id, "hi")
+        core.followup(message)
+        kept.append(ledger.accept(message.id, FOLLOWUP, False))
+        driver.run()
+    assert [(f.message_id, f.turn) for f in ledger.fates()] == [("b", 2), ("a", 3)]
+    assert [f.turn for f in ledger.fates("a")] == [3] and ledger.fate("b") == kept[1].view()
+    assert kept[0].view().turn == 1          # a record handed out keeps its fate
+
+    # Pending and decided records of one id come oldest first; a pending one is never
+    # forgotten, however many decided ones follow it.
+    core.followup(user_message("a", "queued"))
+    held = ledger.accept("a", FOLLOWUP, False)          # not run: it stays queued
+    assert [(f.kind, f.turn) for f in ledger.fates("a")] == [("delivered", 3), ("pending", None)]
+    assert ledger.pending() == (held.view(),) and held.view().waiting == "queued"
+    driver.run()
+    assert [(f.kind, f.turn) for f in ledger.fates("a")] == [("delivered", 3), ("delivered", 4)]
+    assert [f.message_id for f in ledger.fates()] == ["a", "a"] and ledger.pending() == ()
