@@ -1278,8 +1278,10 @@ class Agent:
             task = loop.create_task(self._stream(effect), name=f"turnstile-model-{effect.id}")
             self._model_tasks[effect.id] = task
         else:
-            signal_id = effect.payload.get("signal")
-            signal = self._signal(signal_id) if type(signal_id) is int else None
+            signal_id = effect.payload._data.get("signal")
+            signal = self._signals.get(signal_id) if type(signal_id) is int else None
+            if signal is None and type(signal_id) is int:
+                signal = self._signal(signal_id)
             try:
                 work = self._env.start(effect, signal)
             except BaseException as exc:    # a synchronous flush failed (or a runtime bug)
@@ -1291,8 +1293,11 @@ class Agent:
                 self._ledger.admission(effect)
                 if not isinstance(work, Immediate):
                     work = _decided(work, self._ledger, effect.id)
-            if isinstance(work, Immediate):
-                self._answer_now(self._core.resolve, effect.id, work.value)
+            if isinstance(work, Immediate):     # `_answer_now`, inline (most effects)
+                try:
+                    self._core.resolve(effect.id, work.value)
+                except ProtocolError as exc:    # a runtime bug: never expected
+                    LOGGER.error("turnstile runtime: completion refused by the core: %s", exc)
                 return
             task = loop.create_task(self._settle(effect.id, work),
                                     name=f"turnstile-{kind}-{effect.id}")

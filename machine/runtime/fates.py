@@ -161,8 +161,8 @@ class FateLedger:
     *state* is the core (or anything with its read-only ``disposed``).
 
     *keep* bounds how many decided fates stay queryable by id (the oldest go first; a
-    `MessageFate` already handed out, and what waits on one, are not affected); pending
-    ones are always kept."""
+    `MessageFate` already handed out, and what waits on one, are not affected; up to twice
+    as many records are held between two queries); pending ones are always kept."""
 
     def __init__(self, state: _State, *, keep: int = 1_000,
                  entry_type: type[_Entry] | None = None) -> None:
@@ -170,11 +170,15 @@ class FateLedger:
         self._keep = keep
         #: The class of the records `accept` makes (the agent's `Sent`, its public face).
         self._entry_type = entry_type if entry_type is not None else _Entry
-        #: Decided acceptances by id (the record itself; a tuple, oldest first, for an id
-        #: accepted more than once), and all of them in the order they were decided, for the
-        #: bound. A pending one is in exactly one of the boxes below, so it needs no index.
+        #: Decided records in the order they were decided (a decided record is never
+        #: changed again), and an index of them by id (a tuple, oldest first, for an id
+        #: accepted more than once) covering the first *_indexed*. Why lazy: deciding is
+        #: one append, every turn; the index and the bound are brought up to date when
+        #: asked (`_sync`), or once the list holds twice the bound. A pending record is in
+        #: exactly one of the boxes below, so it needs no index.
+        self._decided: list[_Entry] = []
         self._decided_by_id: dict[str, _Entry | tuple[_Entry, ...]] = {}
-        self._decided: deque[_Entry] = deque()
+        self._indexed = 0
         self._queued: deque[_Entry] = deque()       # route prompt, in inbox order
         self._staged: deque[_Entry] = deque()       # steering and context, in outbox order
         self._admitting: _Entry | None = None       # claimed (dequeued), no outcome yet
@@ -351,13 +355,25 @@ class FateLedger:
             prompt.waiting = "in-log"
             self._in_log.append(prompt)
             return
-        entry = self._take(self._staged, message_id, "context")
-        if entry is None:
+        staged = self._staged
+        if not staged:
             return
-        if self._open_turn is None:
+        first = staged[0]                   # `_take`'s usual case, inline: drained in order
+        if first.message_id == message_id and first.route == "context":
+            entry = staged.popleft()
+        else:
+            found = self._take(staged, message_id, "context")
+            if found is None:
+                return
+            entry = found
+        turn = self._open_turn
+        if turn is None:
             self._finish(entry, "appended", seq=event.seq)    # a rejected admission (R7.10)
         else:
-            self._logged(entry, event.seq)
+            entry.turn = turn               # `_logged`, inline
+            entry.seq = event.seq
+            entry.waiting = "in-log"
+            self._in_log.append(entry)
 
     def _steering_message(self, event: Event) -> None:
         if event.seq in self._direct:           # a direct append (at the dequeue's position,
@@ -513,13 +529,18 @@ class FateLedger:
         """The entries in the log since the last step boundary are carried by *step*'s
         request (R9.4: the history cut precedes ``step/start``), or by none (None)."""
         entries, self._in_log = self._in_log, []
-        for entry in entries:           # `_finish`, inline: every message is delivered so
-            entry.kind = "delivered"    # (its turn and seq are set, its cause is None)
-            entry.waiting = None
+        decided = self._decided
+        for entry in entries:           # `_finish` and `_decide`, inline: every message is
+            entry.kind = "delivered"    # delivered so (its turn and seq are set, its cause
+            entry.waiting = None        # is None)
             entry.step = step
             entry.inherited = False
             entry.run = None
-            self._decide(entry)
+            decided.append(entry)
+            if entry.listeners:
+                self._tell(entry)
+        if len(decided) > 2 * self._keep:
+            self._trim()
 
     @staticmethod
     def _take(box: deque[_Entry], message_id: object, route: Route, *,
@@ -554,36 +575,52 @@ class FateLedger:
         self._decide(entry)
 
     def _decide(self, entry: _Entry) -> None:
-        """*entry*'s fate is decided: keep it, forget the oldest beyond *keep*, and tell
-        whoever waits for it."""
-        message_id = entry.message_id
-        by_id = self._decided_by_id
-        held = by_id.get(message_id)
-        if held is None:
-            by_id[message_id] = entry
-        elif isinstance(held, tuple):
-            by_id[message_id] = (*held, entry)
-        else:
-            by_id[message_id] = (held, entry)
+        """*entry*'s fate is decided: keep it and tell whoever waits for it."""
         decided = self._decided
         decided.append(entry)
-        if len(decided) > self._keep:
-            self._forget(decided.popleft())
         if entry.listeners:
-            listeners, entry.listeners = entry.listeners, None
-            fate = entry.view()
-            for listener in listeners:
-                listener(fate)
+            self._tell(entry)
+        if len(decided) > 2 * self._keep:
+            self._trim()
 
-    def _forget(self, oldest: _Entry) -> None:
-        """The oldest decided fate goes (its id's oldest record)."""
+    @staticmethod
+    def _tell(entry: _Entry) -> None:
+        listeners, entry.listeners = entry.listeners, None
+        fate = entry.view()
+        for listener in listeners or ():
+            listener(fate)
+
+    def _trim(self) -> None:
+        """Forget the decided records beyond the newest *keep* (the oldest go first)."""
+        decided = self._decided
+        excess = len(decided) - self._keep
+        if excess <= 0:
+            return
         by_id = self._decided_by_id
-        held = by_id[oldest.message_id]
-        if isinstance(held, tuple):
-            rest = tuple(entry for entry in held if entry is not oldest)
-            by_id[oldest.message_id] = rest[0] if len(rest) == 1 else rest
-        else:
-            del by_id[oldest.message_id]
+        for oldest in decided[:min(excess, self._indexed)]:    # those in the index leave it
+            held = by_id[oldest.message_id]
+            if isinstance(held, tuple):
+                rest = tuple(entry for entry in held if entry is not oldest)
+                by_id[oldest.message_id] = rest[0] if len(rest) == 1 else rest
+            else:
+                del by_id[oldest.message_id]
+        del decided[:excess]
+        self._indexed = max(0, self._indexed - excess)
+
+    def _sync(self) -> None:
+        """Bring the bound and the index by id up to date (before any query)."""
+        self._trim()
+        by_id = self._decided_by_id
+        decided = self._decided
+        for entry in decided[self._indexed:]:
+            held = by_id.get(entry.message_id)
+            if held is None:
+                by_id[entry.message_id] = entry
+            elif isinstance(held, tuple):
+                by_id[entry.message_id] = (*held, entry)
+            else:
+                by_id[entry.message_id] = (held, entry)
+        self._indexed = len(decided)
 
     # -- queries ----------------------------------------------------------------------
 
@@ -595,6 +632,7 @@ class FateLedger:
 
     def fates(self, message_id: str | None = None) -> tuple[MessageFate, ...]:
         """Every remembered acceptance (of *message_id*), oldest first."""
+        self._sync()
         entries = self._undecided()
         if message_id is None:
             entries.extend(self._decided)
