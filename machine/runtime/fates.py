@@ -529,17 +529,17 @@ class FateLedger:
         """The entries in the log since the last step boundary are carried by *step*'s
         request (R9.4: the history cut precedes ``step/start``), or by none (None)."""
         entries, self._in_log = self._in_log, []
-        decided = self._decided
-        for entry in entries:           # `_finish` and `_decide`, inline: every message is
-            entry.kind = "delivered"    # delivered so (its turn and seq are set, its cause
-            entry.waiting = None        # is None)
+        for entry in entries:           # `_finish`, inline: every message is delivered so
+            entry.kind = "delivered"    # (its turn and seq are set, its cause is None)
+            entry.waiting = None
             entry.step = step
             entry.inherited = False
             entry.run = None
-            decided.append(entry)
+        self._decided.extend(entries)   # decided together: then whoever waits is told
+        for entry in entries:
             if entry.listeners:
                 self._tell(entry)
-        if len(decided) > 2 * self._keep:
+        if len(self._decided) > 2 * self._keep:
             self._trim()
 
     @staticmethod
