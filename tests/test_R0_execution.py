@@ -356,3 +356,33 @@ def test_R0_9_a_coded_error_carries_its_code_and_an_uncoded_one_none(impl: str) 
     errors = [thaw(p["error"]) for p in s.live("agent/error")]
     assert errors == [{"name": "HookError", "message": "busy", "code": "E_HOOK"},
                       {"name": "HookError", "message": "busy"}]
+
+
+def test_R0_3_pulling_through_output_puller_gives_what_next_output_gives() -> None:
+    # A driver that pulls in a loop may hold AgentCore.output_puller() (the runtime's pump
+    # does): the same outputs in the same order, None whenever the core waits for an input.
+    from machine.core import AgentCore
+    from machine.vocabulary import user_message
+
+    calling, pulling = AgentCore(clock=lambda: 0.0), AgentCore(clock=lambda: 0.0)
+    pull = pulling.output_puller()
+    seen: list[list[Output]] = [[], []]
+    for round_ in range(6):                  # the prompt, then its effects answered in turn
+        for core, outputs, take in ((calling, seen[0], calling.next_output),
+                                    (pulling, seen[1], pull)):
+            batch: list[Output] = []
+            while (output := take()) is not None:
+                batch.append(output)
+            outputs.extend(batch)
+            if round_ == 0:
+                core.followup(user_message("m1", "hi"))
+            for effect in (o for o in batch if isinstance(o, Effect)):
+                core.resolve(effect.id, {"kind": "allow"} if effect.kind == "prompt-submit"
+                             else None)
+    assert seen[0] == seen[1]
+    assert [o.kind for o in seen[0] if isinstance(o, Effect)][:5] == [
+        "tick", "prompt-submit", "step", "system-prompt", "request"]
+    rest = [calling.drain_outputs(), []]
+    while (output := pull()) is not None:
+        rest[1].append(output)
+    assert rest[0] == rest[1] and rest[0]
